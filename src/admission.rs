@@ -1,0 +1,433 @@
+//! AdmissionReview in, AdmissionReview out: decodes the request straight into typed structs,
+//! looks up the leases the rules need, runs the rules and turns their findings into a response.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::leases::LeaseView;
+use crate::metrics::{FindingLabels, Metrics, ResultLabels, ReviewLabels};
+use crate::model::{LeaseLookup, StorageVersion, GROUP, PLURAL};
+use crate::rules::{self, Evaluation, Finding, LeaseFacts, RuleOptions, Severity};
+
+pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
+pub const ADMISSION_KIND: &str = "AdmissionReview";
+
+/// What a violation does to a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Enforcement {
+    /// Violations deny the write.
+    Deny,
+    /// Violations become warnings; the write is allowed.
+    Warn,
+}
+
+impl Enforcement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Deny => "deny",
+            Enforcement::Warn => "warn",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionReviewIn<'a> {
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(borrow, default)]
+    request: Option<AdmissionRequest<'a>>,
+}
+
+#[derive(Deserialize, Default, Debug)]
+struct GroupResource {
+    #[serde(default)]
+    group: String,
+    #[serde(default)]
+    resource: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionRequest<'a> {
+    uid: String,
+    #[serde(default)]
+    resource: GroupResource,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    operation: String,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    old_object: Option<&'a RawValue>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionReviewOut<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    response: AdmissionResponse<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct AdmissionResponse<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<ResponseStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    audit_annotations: BTreeMap<&'static str, String>,
+}
+
+#[derive(Serialize)]
+struct ResponseStatus {
+    status: &'static str,
+    code: u16,
+    reason: &'static str,
+    message: String,
+}
+
+/// A request body that is not an AdmissionReview at all: answered with HTTP 400.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadReview {
+    #[error("request body is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("request body is not an admission.k8s.io/v1 AdmissionReview: {0}")]
+    NotAdmissionReview(String),
+}
+
+/// The admission logic shared by every replica.
+pub struct Admission {
+    leases: Arc<dyn LeaseView>,
+    enforcement: Enforcement,
+    lease_skew_allowance: Duration,
+    metrics: Metrics,
+}
+
+/// What one review decided, for the log line and metrics.
+struct Outcome<'a> {
+    verdict: &'static str,
+    allowed: bool,
+    status: Option<ResponseStatus>,
+    warnings: Vec<String>,
+    audit: BTreeMap<&'static str, String>,
+    codes: Vec<&'static str>,
+    findings: &'a [Finding],
+}
+
+impl Admission {
+    pub fn new(
+        leases: Arc<dyn LeaseView>,
+        enforcement: Enforcement,
+        lease_skew_allowance: Duration,
+        metrics: Metrics,
+    ) -> Self {
+        Admission {
+            leases,
+            enforcement,
+            lease_skew_allowance,
+            metrics,
+        }
+    }
+
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
+    }
+
+    /// Answers one AdmissionReview body with the JSON of the response AdmissionReview.
+    pub async fn review(&self, body: &[u8]) -> Result<Vec<u8>, BadReview> {
+        let started = Instant::now();
+        let result = self.review_inner(body).await;
+        self.metrics
+            .review_duration
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            let result = match e {
+                BadReview::NotJson(_) => "not_json",
+                BadReview::NotAdmissionReview(_) => "not_admission_review",
+            };
+            self.metrics
+                .http_errors
+                .get_or_create(&ResultLabels { result })
+                .inc();
+        }
+        result
+    }
+
+    async fn review_inner(&self, body: &[u8]) -> Result<Vec<u8>, BadReview> {
+        let review: AdmissionReviewIn<'_> = serde_json::from_slice(body).map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                BadReview::NotJson(e.to_string())
+            } else {
+                BadReview::NotAdmissionReview(e.to_string())
+            }
+        })?;
+        if review.api_version.as_deref() != Some(ADMISSION_API_VERSION)
+            || review.kind.as_deref() != Some(ADMISSION_KIND)
+        {
+            return Err(BadReview::NotAdmissionReview(format!(
+                "apiVersion {:?} and kind {:?}, want {ADMISSION_API_VERSION:?} and {ADMISSION_KIND:?}",
+                review.api_version.as_deref().unwrap_or(""),
+                review.kind.as_deref().unwrap_or("")
+            )));
+        }
+        let Some(req) = review.request else {
+            return Err(BadReview::NotAdmissionReview(
+                "it has no request".to_string(),
+            ));
+        };
+
+        let subresource = req.sub_resource.as_deref().unwrap_or("");
+        let ours = req.resource.group == GROUP
+            && req.resource.resource == PLURAL
+            && (subresource.is_empty() || subresource == "status");
+        let judged = ours && (req.operation == "CREATE" || req.operation == "UPDATE");
+
+        let mut no_findings: [Finding; 0] = [];
+        let evaluation;
+        let outcome = if !judged {
+            if !ours {
+                tracing::info!(
+                    uid = %req.uid,
+                    group = %req.resource.group,
+                    resource = %req.resource.resource,
+                    subresource,
+                    operation = %req.operation,
+                    "allowing a review for a resource this webhook does not judge; check the webhook's rules"
+                );
+            }
+            Outcome::allowed("ignored", &mut no_findings)
+        } else {
+            match decode_objects(&req) {
+                Err(message) => Outcome {
+                    verdict: "error",
+                    allowed: false,
+                    status: Some(ResponseStatus {
+                        status: "Failure",
+                        code: 400,
+                        reason: "BadRequest",
+                        message,
+                    }),
+                    warnings: Vec::new(),
+                    audit: BTreeMap::new(),
+                    codes: Vec::new(),
+                    findings: &[],
+                },
+                Ok((new, old)) => {
+                    evaluation = self.evaluate(&new, old.as_ref()).await;
+                    self.outcome(&new, &evaluation)
+                }
+            }
+        };
+
+        self.record(&req, subresource, &outcome);
+        let out = AdmissionReviewOut {
+            api_version: ADMISSION_API_VERSION,
+            kind: ADMISSION_KIND,
+            response: AdmissionResponse {
+                uid: &req.uid,
+                allowed: outcome.allowed,
+                status: outcome.status,
+                warnings: outcome.warnings,
+                audit_annotations: outcome.audit,
+            },
+        };
+        // Serialising plain structs of strings cannot fail; map the impossible error anyway.
+        serde_json::to_vec(&out).map_err(|e| BadReview::NotAdmissionReview(e.to_string()))
+    }
+
+    /// Looks up the leases the rules need and runs them.
+    pub async fn evaluate(&self, new: &StorageVersion, old: Option<&StorageVersion>) -> Evaluation {
+        let ids = rules::lease_ids(new, old);
+        let lookups = futures::future::join_all(ids.iter().map(|id| self.leases.lookup(id))).await;
+        let mut facts = LeaseFacts::new();
+        for (id, lookup) in ids.iter().zip(lookups) {
+            if let LeaseLookup::Failed(err) = &lookup {
+                tracing::warn!(api_server_id = %id, error = %err, "identity lease lookup failed; not denying on it");
+            }
+            facts.insert((*id).to_string(), lookup);
+        }
+        let opts = RuleOptions {
+            now: Timestamp::now(),
+            lease_skew_allowance: self.lease_skew_allowance,
+        };
+        rules::evaluate(new, old, &facts, &opts)
+    }
+
+    fn outcome<'a>(&self, new: &StorageVersion, evaluation: &'a Evaluation) -> Outcome<'a> {
+        let denials: Vec<&Finding> = evaluation.denials().collect();
+        let deny = self.enforcement == Enforcement::Deny && !denials.is_empty();
+        let mut warnings = Vec::new();
+        for f in &evaluation.findings {
+            if deny && f.severity == Severity::Deny {
+                continue;
+            }
+            warnings.push(warning_text(f));
+        }
+        let codes: Vec<&'static str> = evaluation
+            .findings
+            .iter()
+            .map(|f| f.violation.code.as_str())
+            .collect();
+        let mut audit = BTreeMap::new();
+        if !evaluation.findings.is_empty() {
+            audit.insert("enforcement", self.enforcement.as_str().to_string());
+            audit.insert("findings", findings_summary(&evaluation.findings));
+        }
+        if deny {
+            Outcome {
+                verdict: "denied",
+                allowed: false,
+                status: Some(ResponseStatus {
+                    status: "Failure",
+                    code: 403,
+                    reason: "Forbidden",
+                    message: denial_message(new.name(), &denials),
+                }),
+                warnings,
+                audit,
+                codes,
+                findings: &evaluation.findings,
+            }
+        } else {
+            Outcome {
+                verdict: if warnings.is_empty() {
+                    "allowed"
+                } else {
+                    "warned"
+                },
+                allowed: true,
+                status: None,
+                warnings,
+                audit,
+                codes,
+                findings: &evaluation.findings,
+            }
+        }
+    }
+
+    fn record(&self, req: &AdmissionRequest<'_>, subresource: &str, outcome: &Outcome<'_>) {
+        self.metrics
+            .reviews
+            .get_or_create(&ReviewLabels {
+                operation: req.operation.clone(),
+                subresource: subresource.to_string(),
+                verdict: outcome.verdict,
+            })
+            .inc();
+        for f in outcome.findings {
+            let severity = if outcome.allowed || f.severity == Severity::Warn {
+                "warn"
+            } else {
+                "deny"
+            };
+            self.metrics
+                .findings
+                .get_or_create(&FindingLabels {
+                    operation: req.operation.clone(),
+                    subresource: subresource.to_string(),
+                    code: f.violation.code.as_str(),
+                    severity,
+                })
+                .inc();
+        }
+        tracing::info!(
+            uid = %req.uid,
+            name = req.name.as_deref().unwrap_or(""),
+            operation = %req.operation,
+            subresource,
+            verdict = outcome.verdict,
+            codes = %outcome.codes.join(","),
+            "review"
+        );
+    }
+}
+
+impl<'a> Outcome<'a> {
+    fn allowed(verdict: &'static str, findings: &'a mut [Finding]) -> Self {
+        Outcome {
+            verdict,
+            allowed: true,
+            status: None,
+            warnings: Vec::new(),
+            audit: BTreeMap::new(),
+            codes: Vec::new(),
+            findings,
+        }
+    }
+}
+
+fn decode_objects(
+    req: &AdmissionRequest<'_>,
+) -> Result<(StorageVersion, Option<StorageVersion>), String> {
+    let Some(object) = req.object else {
+        return Err("request.object is missing: cannot judge a StorageVersion write without it".into());
+    };
+    let new: StorageVersion = serde_json::from_str(object.get())
+        .map_err(|e| format!("request.object is not a readable StorageVersion: {e}"))?;
+    let old = match req.old_object {
+        Some(old) if req.operation == "UPDATE" => Some(
+            serde_json::from_str(old.get())
+                .map_err(|e| format!("request.oldObject is not a readable StorageVersion: {e}"))?,
+        ),
+        _ => None,
+    };
+    Ok((new, old))
+}
+
+fn warning_text(f: &Finding) -> String {
+    let v = &f.violation;
+    match f.note {
+        Some(note) => format!("[{}] {}: {} ({note})", v.code, v.path, v.message),
+        None => format!("[{}] {}: {}", v.code, v.path, v.message),
+    }
+}
+
+fn denial_message(name: &str, denials: &[&Finding]) -> String {
+    let mut msg = format!(
+        "StorageVersion {name:?} breaks {} rule{}: ",
+        denials.len(),
+        if denials.len() == 1 { "" } else { "s" }
+    );
+    for (i, f) in denials.iter().enumerate() {
+        if i > 0 {
+            msg.push_str("; ");
+        }
+        let v = &f.violation;
+        msg.push_str(&format!("[{}] {}: {}", v.code, v.path, v.message));
+    }
+    msg
+}
+
+fn findings_summary(findings: &[Finding]) -> String {
+    findings
+        .iter()
+        .map(|f| {
+            format!(
+                "{}:{}:{}",
+                match f.severity {
+                    Severity::Deny => "deny",
+                    Severity::Warn => "warn",
+                },
+                f.violation.code,
+                f.violation.path
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}

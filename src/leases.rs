@@ -1,0 +1,45 @@
+//! The lease view (design §4): what the live-lease rule knows about identity Leases.
+//!
+//! [`LeaseView`] is the small seam between admission and the cluster. The cluster-backed view is
+//! [`kube_view::KubeLeaseView`]; [`StaticLeases`] is an in-memory store for unit tests and `check`.
+
+use std::collections::BTreeMap;
+
+use futures::future::BoxFuture;
+
+use crate::model::{LeaseLookup, LeaseRecord};
+
+/// Answers "what is the identity lease of this apiServerID?".
+pub trait LeaseView: Send + Sync {
+    /// Looks up the lease named `id` in `kube-system`. Must not fail: errors are
+    /// [`LeaseLookup::Failed`], which never leads to a denial.
+    fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup>;
+}
+
+/// A fixed set of leases, keyed by name. Anything absent is `NotFound`.
+#[derive(Clone, Debug, Default)]
+pub struct StaticLeases {
+    leases: BTreeMap<String, LeaseRecord>,
+}
+
+impl StaticLeases {
+    pub fn new(records: impl IntoIterator<Item = LeaseRecord>) -> Self {
+        StaticLeases {
+            leases: records.into_iter().map(|r| (r.name.clone(), r)).collect(),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> LeaseLookup {
+        match self.leases.get(id) {
+            Some(r) => LeaseLookup::Found(r.clone()),
+            None => LeaseLookup::NotFound,
+        }
+    }
+}
+
+impl LeaseView for StaticLeases {
+    fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup> {
+        let found = self.get(id);
+        Box::pin(async move { found })
+    }
+}

@@ -1,0 +1,8 @@
+//! storageversion-webhook: admission rules, lease view, admission server and garbage collector
+//! for `internal.apiserver.k8s.io/v1alpha1` StorageVersion objects.
+
+pub mod admission;
+pub mod leases;
+pub mod metrics;
+pub mod model;
+pub mod rules;
