@@ -2,7 +2,10 @@
 //! for `internal.apiserver.k8s.io/v1alpha1` StorageVersion objects.
 
 pub mod admission;
+pub mod check;
 pub mod leases;
+pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod rules;
+pub mod server;

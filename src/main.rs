@@ -1,1 +1,54 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use storageversion_webhook::{check, logging, server};
+
+/// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
+#[derive(Parser, Debug)]
+#[command(name = "storageversion-webhook", version, about)]
+struct Cli {
+    #[command(flatten)]
+    log: logging::LogArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the validating admission webhook over HTTPS (and collect garbage when leading).
+    Serve(Box<server::ServeArgs>),
+    /// Check StorageVersion objects or AdmissionReviews in files against the rules, offline.
+    Check(check::CheckArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check(args) => check::run(args),
+        Command::Serve(args) => {
+            if let Err(e) = logging::init(&cli.log) {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(server::run(*args)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = format!("{e:#}"), "serve failed");
+                    eprintln!("error: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
