@@ -43,3 +43,6 @@ impl LeaseView for StaticLeases {
         Box::pin(async move { found })
     }
 }
+
+mod kube_view;
+pub use kube_view::KubeLeaseView;

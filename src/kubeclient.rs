@@ -1,0 +1,28 @@
+//! Building a Kubernetes client from `--kubeconfig`, or in-cluster config, or the usual
+//! kubeconfig lookup (`KUBECONFIG`, `~/.kube/config`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// A client for the cluster of `kubeconfig` (a file path), or, when `None`, of the in-cluster
+/// service account, falling back to the usual kubeconfig lookup.
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {} is not usable", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no cluster configuration: not in a pod with a service account, and no usable kubeconfig (pass --kubeconfig)",
+        )?,
+    };
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(30));
+    kube::Client::try_from(config).context("cannot build a Kubernetes client")
+}
