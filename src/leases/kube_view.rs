@@ -119,7 +119,9 @@ impl KubeLeaseView {
                 }
             }
         }
-        self.metrics.lease_view_leases.set(state.leases.len() as i64);
+        self.metrics
+            .lease_view_leases
+            .set(state.leases.len() as i64);
         self.metrics.lease_view_synced.set(i64::from(state.synced));
     }
 
@@ -131,7 +133,8 @@ impl KubeLeaseView {
         tracing::warn!(%error, "identity lease watch failed; retrying with backoff");
     }
 
-    fn cached(&self, id: &str) -> Option<LeaseRecord> {
+    /// The cached lease `id`, once the view has synced. No API call.
+    pub fn cached(&self, id: &str) -> Option<LeaseRecord> {
         let state = self.read_state();
         if !state.synced {
             return None;
@@ -174,7 +177,9 @@ impl LeaseView for KubeLeaseView {
                 Some(record) if looks_live(&record) => {
                     self.metrics
                         .lease_lookups
-                        .get_or_create(&ResultLabels { result: "cache_hit" })
+                        .get_or_create(&ResultLabels {
+                            result: "cache_hit",
+                        })
                         .inc();
                     LeaseLookup::Found(record)
                 }
@@ -192,7 +197,9 @@ fn looks_live(record: &LeaseRecord) -> bool {
     };
     record.identity_label.as_deref() == Some(IDENTITY_LABEL_VALUE)
         && renew
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(duration)))
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(
+                duration,
+            )))
             .is_ok_and(|expiry| expiry > Timestamp::now())
 }
 
@@ -210,8 +217,8 @@ fn staleness(state: &State) -> Duration {
 }
 
 async fn watch(view: Arc<KubeLeaseView>) {
-    let config = watcher::Config::default()
-        .labels(&format!("{IDENTITY_LABEL_KEY}={IDENTITY_LABEL_VALUE}"));
+    let config =
+        watcher::Config::default().labels(&format!("{IDENTITY_LABEL_KEY}={IDENTITY_LABEL_VALUE}"));
     let mut events = std::pin::pin!(watcher(view.api.clone(), config).default_backoff());
     while let Some(event) = events.next().await {
         match event {
