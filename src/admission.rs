@@ -376,7 +376,9 @@ fn decode_objects(
     req: &AdmissionRequest<'_>,
 ) -> Result<(StorageVersion, Option<StorageVersion>), String> {
     let Some(object) = req.object else {
-        return Err("request.object is missing: cannot judge a StorageVersion write without it".into());
+        return Err(
+            "request.object is missing: cannot judge a StorageVersion write without it".into(),
+        );
     };
     let new: StorageVersion = serde_json::from_str(object.get())
         .map_err(|e| format!("request.object is not a readable StorageVersion: {e}"))?;

@@ -11,7 +11,13 @@ pub enum LogFormat {
 #[derive(Clone, Debug, clap::Args)]
 pub struct LogArgs {
     /// Log line format.
-    #[arg(long, value_enum, default_value = "text", global = true, env = "SVW_LOG_FORMAT")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "text",
+        global = true,
+        env = "SVW_LOG_FORMAT"
+    )]
     pub log_format: LogFormat,
     /// Log filter (e.g. `info`, `debug`, `storageversion_webhook=debug,kube=info`). Overrides
     /// `RUST_LOG`; without either, `info`.

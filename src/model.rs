@@ -59,7 +59,11 @@ pub struct StorageVersionStatus {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServerStorageVersion {
-    #[serde(rename = "apiServerID", default, skip_serializing_if = "String::is_empty")]
+    #[serde(
+        rename = "apiServerID",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
     pub api_server_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub encoding_version: String,
