@@ -73,7 +73,7 @@ async fn restart_and_rewrite(cp: &ControlPlane) -> (Duration, usize) {
 /// against its own identity lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn own_writes_are_admitted() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let hook = Webhook::start(&cp, &certs, &["--enforcement=deny"]).await;
@@ -141,7 +141,7 @@ async fn own_writes_are_admitted() {
 /// label, or an expired lease is denied, naming the webhook and the rule; renewed, it is admitted.
 #[tokio::test(flavor = "multi_thread")]
 async fn stale_entries_are_denied_until_the_lease_is_live() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let hook = Webhook::start(&cp, &certs, &[]).await;
@@ -225,7 +225,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live() {
 /// Test 3: a lease created an instant before the write is honoured (the live fallback).
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_created_just_before_the_write_is_honoured() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let hook = Webhook::start(&cp, &certs, &[]).await;
@@ -269,7 +269,7 @@ async fn lease_created_just_before_the_write_is_honoured() {
 /// the client receives our warning.
 #[tokio::test(flavor = "multi_thread")]
 async fn unchanged_stale_entry_only_warns() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let live = "apiserver-e2elive00000000000000000";
@@ -324,7 +324,7 @@ async fn unchanged_stale_entry_only_warns() {
 /// Test 5: writes that upstream validation accepts but our beyond-upstream rules reject.
 #[tokio::test(flavor = "multi_thread")]
 async fn beyond_upstream_rules_deny() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let id = "apiserver-e2ebeyond000000000000000";
@@ -379,7 +379,7 @@ async fn beyond_upstream_rules_deny() {
 /// Test 6: warn mode admits the write of test 2 and the warning reaches the client.
 #[tokio::test(flavor = "multi_thread")]
 async fn warn_mode_admits_with_a_warning() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let hook = Webhook::start(&cp, &certs, &["--enforcement=warn"]).await;
@@ -412,7 +412,7 @@ async fn warn_mode_admits_with_a_warning() {
 /// finishes its storage version updates. Prints both restart times.
 #[tokio::test(flavor = "multi_thread")]
 async fn webhook_down_with_ignore_does_not_block_restart() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let mut hook = Webhook::start(&cp, &certs, &[]).await;
@@ -445,7 +445,7 @@ async fn webhook_down_with_ignore_does_not_block_restart() {
 /// within a bounded time, from the cache.
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_view_follows_the_cluster() {
-    let _serial = serial();
+    let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -19,10 +19,11 @@ use storageversion_webhook::model::{StorageVersion, IDENTITY_LABEL_KEY, IDENTITY
 pub const WEBHOOK_NAME: &str = "storageversions.storageversion-webhook.test";
 
 /// Control planes are heavy on a 2-core machine: tests that start one run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+/// Hold the returned guard for the whole test: `let _serial = serial().await;`.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
 }
 
 pub fn repo_root() -> PathBuf {
@@ -532,5 +533,53 @@ pub fn api_error_text<T>(result: &Result<T, kube::Error>) -> String {
         Ok(_) => String::new(),
         Err(kube::Error::Api(status)) => format!("{} ({})", status.message, status.code),
         Err(e) => e.to_string(),
+    }
+}
+
+impl Webhook {
+    /// Starts the real binary with exactly `args` (everything after the program name; the log
+    /// format must be json so the listen addresses can be read) and extra environment `env`,
+    /// and waits until it reports its listen addresses. It does not wait for /readyz: call
+    /// [`Webhook::wait_ready`] for that.
+    pub fn spawn(args: &[String], env: &[(&str, &str)]) -> Webhook {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_storageversion-webhook"));
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start storageversion-webhook");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let logs = Arc::clone(&logs);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(addrs) = listening_addrs(&line) {
+                        let _ = tx.send(addrs);
+                    }
+                    logs.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+                }
+            });
+        }
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok((addr, admin)) => Webhook {
+                child,
+                addr,
+                admin,
+                logs,
+            },
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait().ok();
+                // Let the reader thread drain what the process wrote before it exited.
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "storageversion-webhook {args:?} did not report its listen addresses within \
+                     30 s (exit: {status:?}); logs:\n{}",
+                    logs.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
+                )
+            }
+        }
     }
 }
