@@ -1,0 +1,302 @@
+//! `serve` flags and the plain configuration the server is built from.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::admission::Enforcement;
+
+/// The apiserver's own request body limit.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 1024 * 1024;
+
+/// Flags of `storageversion-webhook serve`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address of the HTTPS admission listener (serves `POST /validate`).
+    #[arg(long, env = "SVW_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// Serving certificate chain (PEM, leaf first). Re-read every --tls-reload-interval.
+    #[arg(long, env = "SVW_TLS_CERT_FILE")]
+    pub tls_cert_file: PathBuf,
+
+    /// Private key of the serving certificate (PEM: PKCS#1, PKCS#8 or SEC1).
+    #[arg(long, env = "SVW_TLS_KEY_FILE")]
+    pub tls_key_file: PathBuf,
+
+    /// CA bundle (PEM) for client certificates. When given, every client must present a
+    /// certificate signed by one of these CAs (mutual TLS). Read once at start-up.
+    #[arg(long, env = "SVW_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+
+    /// Offer HTTP/2 (ALPN `h2`) besides HTTP/1.1. kube-apiserver calls webhooks over HTTP/1.1.
+    #[arg(long, env = "SVW_HTTP2")]
+    pub http2: bool,
+
+    /// How often the certificate and key files are read again to pick up a rotation.
+    #[arg(long, env = "SVW_TLS_RELOAD_INTERVAL", default_value = "1s", value_parser = parse_positive_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// Longest a client may take to complete the TLS handshake before it is disconnected.
+    #[arg(long, env = "SVW_TLS_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub tls_handshake_timeout: Duration,
+
+    /// Address of the plain-HTTP admin listener (`/livez`, `/readyz`, `/metrics`).
+    #[arg(long, env = "SVW_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+
+    /// Largest accepted request body, in bytes; larger ones get 413.
+    #[arg(long, env = "SVW_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES,
+          value_parser = parse_max_bytes)]
+    pub max_request_bytes: usize,
+
+    /// Longest wait for a request's headers (HTTP/1.1). This also bounds how long an idle
+    /// keep-alive connection is kept open.
+    #[arg(long, env = "SVW_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub header_read_timeout: Duration,
+
+    /// On SIGTERM/SIGINT: how long to keep serving after /readyz turns 503, before the listener
+    /// stops accepting (time for endpoints to drop this pod).
+    #[arg(long, env = "SVW_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
+    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish once the listener
+    /// stopped accepting; connections still open after it are closed.
+    #[arg(long, env = "SVW_SHUTDOWN_GRACE", default_value = "25s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// What a rule violation does: deny the write, or allow it with warnings.
+    #[arg(long, env = "SVW_ENFORCEMENT", value_enum, default_value = "deny")]
+    pub enforcement: Enforcement,
+
+    /// Clock skew tolerated before an identity lease counts as expired.
+    #[arg(long, env = "SVW_LEASE_SKEW_ALLOWANCE", default_value = "30s", value_parser = parse_duration)]
+    pub lease_skew_allowance: Duration,
+
+    /// kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the in-cluster configuration.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// How long the lease watch may be broken before the lease view stops reporting ready.
+    #[arg(long, env = "SVW_LEASE_VIEW_MAX_STALENESS", default_value = "60s", value_parser = parse_positive_duration)]
+    pub lease_view_max_staleness: Duration,
+}
+
+/// TLS settings of the admission listener.
+#[derive(Clone, Debug)]
+pub struct TlsSettings {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// When set, client certificates are required and verified against this CA bundle.
+    pub client_ca_file: Option<PathBuf>,
+    /// Offer ALPN `h2` besides `http/1.1`.
+    pub http2: bool,
+    pub reload_interval: Duration,
+    pub handshake_timeout: Duration,
+}
+
+/// Everything [`super::Server::bind`] needs besides its collaborators.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub tls: TlsSettings,
+    pub max_request_bytes: usize,
+    pub header_read_timeout: Duration,
+    pub shutdown_delay: Duration,
+    pub shutdown_grace: Duration,
+    pub enforcement: Enforcement,
+    pub lease_skew_allowance: Duration,
+}
+
+impl ServerConfig {
+    /// The defaults of the `serve` flags, with the given certificate and key files.
+    pub fn new(cert_file: impl Into<PathBuf>, key_file: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8443)),
+            admin_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            tls: TlsSettings {
+                cert_file: cert_file.into(),
+                key_file: key_file.into(),
+                client_ca_file: None,
+                http2: false,
+                reload_interval: Duration::from_secs(1),
+                handshake_timeout: Duration::from_secs(10),
+            },
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            header_read_timeout: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
+            shutdown_grace: Duration::from_secs(25),
+            enforcement: Enforcement::Deny,
+            lease_skew_allowance: Duration::from_secs(30),
+        }
+    }
+}
+
+impl From<&ServeArgs> for ServerConfig {
+    fn from(a: &ServeArgs) -> Self {
+        ServerConfig {
+            listen: a.listen,
+            admin_listen: a.admin_listen,
+            tls: TlsSettings {
+                cert_file: a.tls_cert_file.clone(),
+                key_file: a.tls_key_file.clone(),
+                client_ca_file: a.client_ca_file.clone(),
+                http2: a.http2,
+                reload_interval: a.tls_reload_interval,
+                handshake_timeout: a.tls_handshake_timeout,
+            },
+            max_request_bytes: a.max_request_bytes,
+            header_read_timeout: a.header_read_timeout,
+            shutdown_delay: a.shutdown_delay,
+            shutdown_grace: a.shutdown_grace,
+            enforcement: a.enforcement,
+            lease_skew_allowance: a.lease_skew_allowance,
+        }
+    }
+}
+
+/// Parses a duration written as one or more `<number><unit>` parts, e.g. `30s`, `5m`, `500ms`,
+/// `1m30s`, `1.5s`. Units: `ns`, `us`, `ms`, `s`, `m`, `h`. A bare `0` is zero.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err("empty duration; write e.g. 30s, 5m or 500ms".to_string());
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(num_len);
+        if num.is_empty() {
+            return Err(format!(
+                "{text:?} is not a duration: expected a number at {rest:?}; write e.g. 30s, 5m or 500ms"
+            ));
+        }
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(unit_len);
+        let nanos_per_unit: f64 = match unit {
+            "ns" => 1.0,
+            "us" | "µs" => 1e3,
+            "ms" => 1e6,
+            "s" => 1e9,
+            "m" => 60e9,
+            "h" => 3600e9,
+            "" => {
+                return Err(format!(
+                    "{text:?} is not a duration: {num:?} has no unit (ns, us, ms, s, m, h)"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "{text:?} is not a duration: unknown unit {other:?} (use ns, us, ms, s, m, h)"
+                ))
+            }
+        };
+        let value: f64 = num
+            .parse()
+            .map_err(|_| format!("{text:?} is not a duration: {num:?} is not a number"))?;
+        let part = Duration::try_from_secs_f64(value * nanos_per_unit / 1e9)
+            .map_err(|e| format!("{text:?} is not a duration: {e}"))?;
+        total = total
+            .checked_add(part)
+            .ok_or_else(|| format!("{text:?} is too long a duration"))?;
+        rest = next;
+    }
+    Ok(total)
+}
+
+/// Like [`parse_duration`], but zero is refused.
+pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.is_zero() {
+        return Err(format!("{text:?}: must be more than zero"));
+    }
+    Ok(d)
+}
+
+fn parse_max_bytes(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of bytes"))?;
+    if n == 0 {
+        return Err("must be at least 1 byte".to_string());
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
+        for bad in ["", "30", "s", "3x", "1.2.3s", "-1s", "ms5"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should not parse");
+        }
+        assert!(parse_positive_duration("0s").is_err());
+        assert!(parse_positive_duration("1ms").is_ok());
+    }
+
+    #[test]
+    fn flag_defaults_match_server_config_defaults() {
+        let cli = Cli::try_parse_from(["x", "--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"])
+            .expect("parse");
+        let from_flags = ServerConfig::from(&cli.serve);
+        let built = ServerConfig::new("c.pem", "k.pem");
+        assert_eq!(format!("{from_flags:?}"), format!("{built:?}"));
+        assert_eq!(cli.serve.lease_view_max_staleness, Duration::from_secs(60));
+        assert_eq!(cli.serve.kubeconfig, None);
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--tls-cert-file=c",
+            "--tls-key-file=k",
+            "--http2",
+            "--enforcement=warn",
+            "--max-request-bytes=1024",
+            "--header-read-timeout=500ms",
+            "--client-ca-file=ca.pem",
+        ])
+        .expect("parse");
+        assert!(cli.serve.http2);
+        assert_eq!(cli.serve.enforcement, Enforcement::Warn);
+        assert_eq!(cli.serve.max_request_bytes, 1024);
+        assert_eq!(cli.serve.header_read_timeout, Duration::from_millis(500));
+        assert!(Cli::try_parse_from(["x", "--tls-cert-file=c"]).is_err());
+        assert!(Cli::try_parse_from([
+            "x",
+            "--tls-cert-file=c",
+            "--tls-key-file=k",
+            "--tls-reload-interval=0s"
+        ])
+        .is_err());
+    }
+}
