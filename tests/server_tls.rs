@@ -1,0 +1,1177 @@
+//! The `serve` path end to end: a real rustls server on 127.0.0.1:0 with certificates made here,
+//! clients that trust only the test CA, the admin listener, certificate rotation through a
+//! Secret-volume-like symlink swap, mutual TLS, ALPN, limits and graceful shutdown.
+
+#[path = "common/certs.rs"]
+mod certs;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame};
+use hyper::header::{self, HeaderMap};
+use hyper::{Method, Request, StatusCode, Version};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::jiff::Timestamp;
+use prometheus_client::registry::Registry;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{json, Value};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+
+use storageversion_webhook::admission::Enforcement;
+use storageversion_webhook::leases::{LeaseView, StaticLeases};
+use storageversion_webhook::metrics::Metrics;
+use storageversion_webhook::model::{LeaseLookup, LeaseRecord, IDENTITY_LABEL_VALUE};
+use storageversion_webhook::server::{CertStore, Deps, ReadyFlag, Server, ServerConfig};
+
+use certs::{client_config, Ca, Leaf};
+
+const LIVE_ID: &str = "apiserver-aaaa";
+const NO_LEASE_ID: &str = "apiserver-nolease";
+const DEADLINE: Duration = Duration::from_secs(15);
+
+type Body = BoxBody<Bytes, Infallible>;
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+// ---------------------------------------------------------------------------------------------
+// AdmissionReview bodies
+
+fn live_leases() -> StaticLeases {
+    StaticLeases::new([LeaseRecord {
+        name: LIVE_ID.to_string(),
+        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
+        renew_time: Some(Timestamp::now()),
+        lease_duration_seconds: Some(3600),
+    }])
+}
+
+fn entry(id: &str, encoding: &str, decodable: &[&str]) -> Value {
+    json!({
+        "apiServerID": id,
+        "encodingVersion": encoding,
+        "decodableVersions": decodable,
+        "servedVersions": decodable,
+    })
+}
+
+fn storage_version(entries: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "internal.apiserver.k8s.io/v1alpha1",
+        "kind": "StorageVersion",
+        "metadata": {"name": "apps.deployments", "uid": "0b9f0c53-9b5e-4c43-8a4f-2f1b4e2f7a10"},
+        "spec": {},
+        "status": {
+            "storageVersions": entries,
+            "commonEncodingVersion": "apps/v1",
+            "conditions": [{
+                "type": "AllEncodingVersionsEqual",
+                "status": "True",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "reason": "CommonEncodingVersionSet",
+                "message": "Common encoding version set",
+            }],
+        },
+    })
+}
+
+fn valid_object() -> Value {
+    storage_version(vec![entry(LIVE_ID, "apps/v1", &["apps/v1"])])
+}
+
+/// Adds an entry whose apiServerID has no lease and whose encodingVersion is not decodable.
+fn bad_object() -> Value {
+    storage_version(vec![
+        entry(LIVE_ID, "apps/v1", &["apps/v1"]),
+        json!({
+            "apiServerID": NO_LEASE_ID,
+            "encodingVersion": "apps/v1",
+            "decodableVersions": ["apps/v1beta1"],
+        }),
+    ])
+}
+
+fn review(uid: &str, group: &str, resource: &str, object: Value, old: Option<Value>) -> Vec<u8> {
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": group, "version": "v1alpha1", "kind": "StorageVersion"},
+            "resource": {"group": group, "version": "v1alpha1", "resource": resource},
+            "subResource": "status",
+            "requestKind": {"group": group, "version": "v1alpha1", "kind": "StorageVersion"},
+            "requestResource": {"group": group, "version": "v1alpha1", "resource": resource},
+            "requestSubResource": "status",
+            "name": "apps.deployments",
+            "operation": "UPDATE",
+            "userInfo": {"username": "system:apiserver", "groups": ["system:masters"]},
+            "object": object,
+            "oldObject": old,
+            "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "UpdateOptions"},
+        },
+    });
+    serde_json::to_vec(&body).expect("serialise review")
+}
+
+fn sv_review(uid: &str, object: Value) -> Vec<u8> {
+    review(
+        uid,
+        "internal.apiserver.k8s.io",
+        "storageversions",
+        object,
+        Some(valid_object()),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server harness
+
+struct Harness {
+    admission: SocketAddr,
+    admin: SocketAddr,
+    ready: Arc<ReadyFlag>,
+    certs: Arc<CertStore>,
+    ca: Ca,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+fn deps(leases: Arc<dyn LeaseView>, ready: Arc<ReadyFlag>) -> Deps {
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    Deps {
+        leases,
+        readiness: ready,
+        metrics,
+        registry: Arc::new(registry),
+    }
+}
+
+fn test_config(cert: &Path, key: &Path) -> ServerConfig {
+    let mut config = ServerConfig::new(cert, key);
+    config.listen = "127.0.0.1:0".parse().expect("addr");
+    config.admin_listen = "127.0.0.1:0".parse().expect("addr");
+    config.tls.reload_interval = Duration::from_millis(50);
+    config.shutdown_grace = Duration::from_secs(10);
+    config
+}
+
+impl Harness {
+    /// A server with a fresh CA and serving certificate, the live lease, and `tweak` applied.
+    async fn start(tweak: impl FnOnce(&mut ServerConfig, &Ca, &Path)) -> Harness {
+        Self::start_with(Arc::new(live_leases()), tweak).await
+    }
+
+    async fn start_with(
+        leases: Arc<dyn LeaseView>,
+        tweak: impl FnOnce(&mut ServerConfig, &Ca, &Path),
+    ) -> Harness {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = Ca::new("test CA");
+        let (cert, key) = ca.server(1).write(dir.path());
+        let mut config = test_config(&cert, &key);
+        tweak(&mut config, &ca, dir.path());
+        Self::launch(config, ca, dir, leases).await
+    }
+
+    async fn launch(
+        config: ServerConfig,
+        ca: Ca,
+        dir: tempfile::TempDir,
+        leases: Arc<dyn LeaseView>,
+    ) -> Harness {
+        let ready = Arc::new(ReadyFlag::new(true));
+        let server = Server::bind(config, deps(leases, Arc::clone(&ready)))
+            .await
+            .expect("bind");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let admission = server.admission_addr();
+        let admin = server.admin_addr();
+        let certs = server.cert_store();
+        let task = tokio::spawn(server.serve(async move {
+            let _ = stopped.await;
+        }));
+        Harness {
+            admission,
+            admin,
+            ready,
+            certs,
+            ca,
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        }
+    }
+
+    fn client(&self) -> HttpsClient {
+        https_client(client_config(&self.ca, None, &[]), false)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.admission.port())
+    }
+
+    async fn validate(&self, body: Vec<u8>) -> Reply {
+        send(
+            &self.client(),
+            Request::post(self.url("/validate"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(full(body))
+                .expect("request"),
+        )
+        .await
+        .expect("POST /validate")
+    }
+
+    /// Triggers shutdown and waits for `serve` to return.
+    async fn shutdown(mut self) -> anyhow::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let task = self.task.take().expect("task");
+        tokio::time::timeout(DEADLINE, task)
+            .await
+            .expect("serve should return after shutdown")
+            .expect("serve task")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clients
+
+fn full(body: impl Into<Bytes>) -> Body {
+    Full::new(body.into()).boxed()
+}
+
+fn https_client(config: rustls::ClientConfig, h2: bool) -> HttpsClient {
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_only();
+    let connector = if h2 {
+        builder.enable_http1().enable_http2().build()
+    } else {
+        builder.enable_http1().build()
+    };
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    version: Version,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "response is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+async fn send(client: &HttpsClient, req: Request<Body>) -> anyhow::Result<Reply> {
+    let resp = client.request(req).await?;
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let version = resp.version();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body,
+        version,
+    })
+}
+
+async fn admin_get(addr: SocketAddr, path: &str) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Body>();
+    let req = Request::get(format!("http://{addr}{path}"))
+        .body(full(Bytes::new()))
+        .expect("request");
+    let resp = client.request(req).await.expect("admin request");
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let version = resp.version();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    Reply {
+        status,
+        headers,
+        body,
+        version,
+    }
+}
+
+/// Opens a new TLS connection and returns it with the server's leaf certificate.
+async fn connect(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+) -> anyhow::Result<(
+    tokio_rustls::client::TlsStream<TcpStream>,
+    CertificateDer<'static>,
+)> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("127.0.0.1")?.to_owned();
+    let tls = TlsConnector::from(config).connect(name, tcp).await?;
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or_else(|| anyhow::anyhow!("no peer certificate"))?
+        .clone()
+        .into_owned();
+    Ok((tls, leaf))
+}
+
+/// One POST /validate on a brand-new connection; returns the status and the server's leaf.
+async fn fresh_request(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    body: Bytes,
+) -> anyhow::Result<(StatusCode, CertificateDer<'static>)> {
+    let (tls, leaf) = connect(addr, config).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    let conn = tokio::spawn(conn);
+    let req = Request::post("/validate")
+        .header(header::HOST, "127.0.0.1")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    resp.into_body().collect().await?;
+    drop(sender);
+    let _ = conn.await;
+    Ok((status, leaf))
+}
+
+/// Reads until the server closes the connection; returns how long that took.
+async fn wait_for_close<S: tokio::io::AsyncRead + Unpin>(mut stream: S) -> Duration {
+    let started = Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the server did not close the connection");
+    started.elapsed()
+}
+
+/// Polls `check` until it is true, failing after [`DEADLINE`].
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn metric_value(metrics: &str, line_prefix: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+// ---------------------------------------------------------------------------------------------
+// /validate
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allows_a_valid_write_and_echoes_the_uid() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let reply = h.validate(sv_review("uid-allow", valid_object())).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(
+        reply
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes()),
+        Some(&b"application/json"[..])
+    );
+    let v = reply.json();
+    assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(v["kind"], "AdmissionReview");
+    assert_eq!(v["response"]["uid"], "uid-allow");
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    assert_eq!(reply.version, Version::HTTP_11);
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denies_a_bad_write_listing_codes_and_paths() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let reply = h.validate(sv_review("uid-deny", bad_object())).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let v = reply.json();
+    let resp = &v["response"];
+    assert_eq!(resp["uid"], "uid-deny");
+    assert_eq!(resp["allowed"], false, "{v}");
+    assert_eq!(resp["status"]["code"], 403, "{v}");
+    let message = resp["status"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("lease-missing"), "{message}");
+    assert!(message.contains("encoding-not-decodable"), "{message}");
+    assert!(message.contains("status.storageVersions[1]"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warn_mode_allows_with_warnings() {
+    let h = Harness::start(|c, _, _| c.enforcement = Enforcement::Warn).await;
+    let reply = h.validate(sv_review("uid-warn", bad_object())).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let v = reply.json();
+    let resp = &v["response"];
+    assert_eq!(resp["uid"], "uid-warn");
+    assert_eq!(resp["allowed"], true, "{v}");
+    let warnings: Vec<&str> = resp["warnings"]
+        .as_array()
+        .map(|w| w.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        warnings.iter().any(|w| w.contains("lease-missing")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("encoding-not-decodable")),
+        "{warnings:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_methods_get_405_and_unknown_paths_404() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let client = h.client();
+    for method in [Method::GET, Method::PUT, Method::DELETE, Method::PATCH] {
+        let reply = send(
+            &client,
+            Request::builder()
+                .method(method.clone())
+                .uri(h.url("/validate"))
+                .body(full(Bytes::new()))
+                .expect("request"),
+        )
+        .await
+        .expect("request");
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        assert_eq!(
+            reply.headers.get(header::ALLOW).map(|v| v.as_bytes()),
+            Some(&b"POST"[..]),
+            "{method}"
+        );
+    }
+    let reply = send(
+        &client,
+        Request::post(h.url("/mutate"))
+            .body(full(Bytes::new()))
+            .expect("request"),
+    )
+    .await
+    .expect("request");
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    // The connection pool keeps working after error responses.
+    let reply = h.validate(sv_review("uid-after", valid_object())).await;
+    assert_eq!(reply.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_bodies_get_413_with_content_length_and_chunked() {
+    let limit = 64 * 1024;
+    let h = Harness::start(|c, _, _| c.max_request_bytes = limit).await;
+    let client = h.client();
+
+    // Exactly at the limit is read (and is not JSON: 400, not 413).
+    let reply = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(full(vec![b' '; limit]))
+            .expect("request"),
+    )
+    .await
+    .expect("at the limit");
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+
+    // Content-Length over the limit: refused before the body is read.
+    let reply = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(full(vec![b' '; limit + 1]))
+            .expect("request"),
+    )
+    .await
+    .expect("content-length over the limit");
+    assert_eq!(
+        reply.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        reply.text()
+    );
+    assert!(
+        reply.text().contains(&limit.to_string()),
+        "{}",
+        reply.text()
+    );
+
+    // Chunked (no Content-Length): refused once the streamed size passes the limit.
+    let chunks: Vec<Result<Frame<Bytes>, Infallible>> = (0..5)
+        .map(|_| Ok(Frame::data(Bytes::from(vec![b' '; 16 * 1024]))))
+        .collect();
+    let body = StreamBody::new(futures::stream::iter(chunks)).boxed();
+    let req = Request::post(h.url("/validate"))
+        .body(body)
+        .expect("request");
+    assert!(req.headers().get(header::CONTENT_LENGTH).is_none());
+    let reply = send(&client, req).await.expect("chunked over the limit");
+    assert_eq!(
+        reply.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        reply.text()
+    );
+
+    // Chunked under the limit is read normally.
+    let review = sv_review("uid-chunked", valid_object());
+    let chunks: Vec<Result<Frame<Bytes>, Infallible>> = review
+        .chunks(100)
+        .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+        .collect();
+    let body = StreamBody::new(futures::stream::iter(chunks)).boxed();
+    let reply = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(body)
+            .expect("request"),
+    )
+    .await
+    .expect("chunked under the limit");
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(reply.json()["response"]["uid"], "uid-chunked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_limit_is_3_mib() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let reply = send(
+        &h.client(),
+        Request::post(h.url("/validate"))
+            .body(full(vec![b' '; 3 * 1024 * 1024 + 1]))
+            .expect("request"),
+    )
+    .await
+    .expect("over 3 MiB");
+    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_that_are_not_reviews_get_400() {
+    let h = Harness::start(|_, _, _| {}).await;
+
+    let reply = h.validate(b"{not json".to_vec()).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.text().contains("JSON"), "{}", reply.text());
+
+    let reply = h.validate(br#"{"hello": "world"}"#.to_vec()).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.text().contains("AdmissionReview"), "{}", reply.text());
+
+    let reply = h.validate(b"[1, 2, 3]".to_vec()).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(reply.text().contains("AdmissionReview"), "{}", reply.text());
+
+    let reply = h.validate(Vec::new()).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+
+    // A wrong Content-Type is tolerated.
+    let reply = send(
+        &h.client(),
+        Request::post(h.url("/validate"))
+            .header(header::CONTENT_TYPE, "text/plain")
+            .body(full(sv_review("uid-ct", valid_object())))
+            .expect("request"),
+    )
+    .await
+    .expect("request");
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["response"]["allowed"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_that_is_not_a_storage_version_is_refused_with_code_400() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let mut object = valid_object();
+    object["status"] = json!(5);
+    let reply = h.validate(sv_review("uid-undecodable", object)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let v = reply.json();
+    assert_eq!(v["response"]["uid"], "uid-undecodable");
+    assert_eq!(v["response"]["allowed"], false);
+    assert_eq!(v["response"]["status"]["code"], 400);
+    let message = v["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("request.object"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviews_for_other_resources_are_allowed() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let body = review(
+        "uid-pod",
+        "",
+        "pods",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
+        None,
+    );
+    let reply = h.validate(body).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let v = reply.json();
+    assert_eq!(v["response"]["uid"], "uid-pod");
+    assert_eq!(v["response"]["allowed"], true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS: mutual TLS, ALPN, timeouts
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_accepts_only_clients_with_a_certificate_from_the_client_ca() {
+    let client_ca = Ca::new("client CA");
+    let client_ca_pem = client_ca.pem.clone();
+    let h = Harness::start(|c, _, dir| {
+        let path = dir.join("client-ca.crt");
+        std::fs::write(&path, &client_ca_pem).expect("write client CA");
+        c.tls.client_ca_file = Some(path);
+    })
+    .await;
+    let body = sv_review("uid-mtls", valid_object());
+
+    let good = client_ca.client("kube-apiserver", 10);
+    let client = https_client(client_config(&h.ca, Some(&good), &[]), false);
+    let reply = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(full(body.clone()))
+            .expect("request"),
+    )
+    .await
+    .expect("a client with a certificate from the client CA is served");
+    assert_eq!(reply.status, StatusCode::OK);
+
+    let client = https_client(client_config(&h.ca, None, &[]), false);
+    let refused = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(full(body.clone()))
+            .expect("request"),
+    )
+    .await;
+    assert!(refused.is_err(), "a client without a certificate must fail");
+
+    let stranger = Ca::new("other CA").client("intruder", 11);
+    let client = https_client(client_config(&h.ca, Some(&stranger), &[]), false);
+    let refused = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(full(body))
+            .expect("request"),
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a client with a certificate from another CA must fail"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_is_negotiated_only_when_enabled() {
+    let offer: &[&[u8]] = &[b"h2", b"http/1.1"];
+
+    let h1 = Harness::start(|_, _, _| {}).await;
+    let (tls, _) = connect(h1.admission, Arc::new(client_config(&h1.ca, None, offer)))
+        .await
+        .expect("connect");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
+    let reply = send(
+        &https_client(client_config(&h1.ca, None, &[]), true),
+        Request::post(h1.url("/validate"))
+            .body(full(sv_review("uid-h1", valid_object())))
+            .expect("request"),
+    )
+    .await
+    .expect("request");
+    assert_eq!(reply.version, Version::HTTP_11);
+
+    let h2 = Harness::start(|c, _, _| c.tls.http2 = true).await;
+    let (tls, _) = connect(h2.admission, Arc::new(client_config(&h2.ca, None, offer)))
+        .await
+        .expect("connect");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let reply = send(
+        &https_client(client_config(&h2.ca, None, &[]), true),
+        Request::post(h2.url("/validate"))
+            .body(full(sv_review("uid-h2", valid_object())))
+            .expect("request"),
+    )
+    .await
+    .expect("request");
+    assert_eq!(reply.version, Version::HTTP_2);
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["response"]["uid"], "uid-h2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_no_headers_is_disconnected() {
+    let timeout = Duration::from_millis(300);
+    let h = Harness::start(|c, _, _| c.header_read_timeout = timeout).await;
+    let (tls, _) = connect(h.admission, Arc::new(client_config(&h.ca, None, &[])))
+        .await
+        .expect("TLS handshake");
+    let took = wait_for_close(tls).await;
+    assert!(took >= timeout - Duration::from_millis(50), "{took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_starts_tls_is_disconnected() {
+    let timeout = Duration::from_millis(300);
+    let h = Harness::start(|c, _, _| c.tls.handshake_timeout = timeout).await;
+    let tcp = TcpStream::connect(h.admission).await.expect("connect");
+    let took = wait_for_close(tcp).await;
+    assert!(took >= timeout - Duration::from_millis(50), "{took:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Certificates: start-up errors, rotation
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_fails_naming_the_bad_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("test CA");
+    let (cert, key) = ca.server(1).write(dir.path());
+    let ready = || Arc::new(ReadyFlag::new(true));
+    let leases = || Arc::new(live_leases()) as Arc<dyn LeaseView>;
+    let bind_err = |config: ServerConfig| async {
+        match Server::bind(config, deps(leases(), ready())).await {
+            Ok(_) => panic!("bind should fail"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+
+    let missing = dir.path().join("missing.crt");
+    let err = bind_err(test_config(&missing, &key)).await;
+    assert!(err.contains("missing.crt"), "{err}");
+
+    let junk = dir.path().join("junk.crt");
+    std::fs::write(&junk, "not a certificate").expect("write");
+    let err = bind_err(test_config(&junk, &key)).await;
+    assert!(err.contains("junk.crt"), "{err}");
+
+    let other_key = dir.path().join("other.key");
+    std::fs::write(&other_key, ca.server(2).key_pem).expect("write");
+    let err = bind_err(test_config(&cert, &other_key)).await;
+    assert!(
+        err.contains("other.key") && err.contains("does not match"),
+        "{err}"
+    );
+
+    let mut config = test_config(&cert, &key);
+    config.tls.client_ca_file = Some(dir.path().join("no-ca.crt"));
+    let err = bind_err(config).await;
+    assert!(err.contains("no-ca.crt"), "{err}");
+}
+
+/// A directory laid out like a mounted Kubernetes Secret volume.
+struct SecretDir {
+    root: PathBuf,
+    generation: usize,
+}
+
+impl SecretDir {
+    fn new(root: &Path, leaf: &Leaf) -> SecretDir {
+        let mut s = SecretDir {
+            root: root.to_path_buf(),
+            generation: 0,
+        };
+        let stamp = s.write_generation(leaf);
+        std::os::unix::fs::symlink(&stamp, root.join("..data")).expect("..data");
+        for f in ["tls.crt", "tls.key"] {
+            std::os::unix::fs::symlink(format!("..data/{f}"), root.join(f)).expect("file link");
+        }
+        s
+    }
+
+    fn write_generation(&mut self, leaf: &Leaf) -> String {
+        self.generation += 1;
+        let stamp = format!(
+            "..2026_01_01_00_00_0{}.{}",
+            self.generation, self.generation
+        );
+        let dir = self.root.join(&stamp);
+        std::fs::create_dir(&dir).expect("timestamped dir");
+        leaf.write(&dir);
+        stamp
+    }
+
+    /// What the kubelet does: new timestamped dir, new `..data_tmp` link, rename over `..data`.
+    fn swap_to(&mut self, leaf: &Leaf) {
+        let stamp = self.write_generation(leaf);
+        let tmp = self.root.join("..data_tmp");
+        std::os::unix::fs::symlink(&stamp, &tmp).expect("..data_tmp");
+        std::fs::rename(&tmp, self.root.join("..data")).expect("rename ..data");
+    }
+
+    fn cert(&self) -> PathBuf {
+        self.root.join("tls.crt")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.root.join("tls.key")
+    }
+}
+
+/// A client configuration that always does a full handshake, so that the peer certificate seen
+/// is the one served now (a resumed TLS session reports the certificate of the original one).
+fn full_handshakes(ca: &Ca) -> Arc<rustls::ClientConfig> {
+    let mut config = client_config(ca, None, &[]);
+    config.resumption = rustls::client::Resumption::disabled();
+    Arc::new(config)
+}
+
+async fn start_from_secret_dir() -> (Harness, SecretDir, Leaf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("test CA");
+    let first = ca.server(1);
+    let secret = SecretDir::new(dir.path(), &first);
+    let config = test_config(&secret.cert(), &secret.key());
+    let h = Harness::launch(config, ca, dir, Arc::new(live_leases())).await;
+    (h, secret, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_by_symlink_swap_is_picked_up_without_a_failed_request() {
+    let (h, mut secret, first) = start_from_secret_dir().await;
+    let config = full_handshakes(&h.ca);
+    let second = h.ca.server(2);
+    let body = Bytes::from(sv_review("uid-rotate", valid_object()));
+
+    // A client opening a new connection for every request, for the whole rotation.
+    let ok = Arc::new(AtomicUsize::new(0));
+    let saw_second = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let loader = {
+        let (ok, saw_second, stop) = (Arc::clone(&ok), Arc::clone(&saw_second), Arc::clone(&stop));
+        let (config, body, addr) = (Arc::clone(&config), body.clone(), h.admission);
+        let second_der = second.der.clone();
+        tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let until = Instant::now() + Duration::from_secs(30);
+            for _ in 0..20_000 {
+                if stop.load(Ordering::SeqCst) || Instant::now() > until {
+                    break;
+                }
+                match fresh_request(addr, Arc::clone(&config), body.clone()).await {
+                    Ok((StatusCode::OK, leaf)) => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                        if leaf == second_der {
+                            saw_second.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    Ok((status, _)) => failures.push(format!("status {status}")),
+                    Err(e) => failures.push(format!("{e:#}")),
+                }
+            }
+            failures
+        })
+    };
+
+    eventually("requests with the first certificate", || {
+        let ok = Arc::clone(&ok);
+        async move { ok.load(Ordering::SeqCst) >= 5 }
+    })
+    .await;
+    let (_, leaf) = connect(h.admission, Arc::clone(&config))
+        .await
+        .expect("connect");
+    assert_eq!(leaf, first.der);
+
+    secret.swap_to(&second);
+    eventually("the new certificate on a fresh connection", || {
+        let config = Arc::clone(&config);
+        let want = second.der.clone();
+        async move { matches!(connect(h.admission, config).await, Ok((_, leaf)) if leaf == want) }
+    })
+    .await;
+    // Let the client run on for a while with the new certificate.
+    let after_swap = ok.load(Ordering::SeqCst);
+    eventually("requests after the swap", || {
+        let ok = Arc::clone(&ok);
+        let saw = Arc::clone(&saw_second);
+        async move { ok.load(Ordering::SeqCst) >= after_swap + 20 && saw.load(Ordering::SeqCst) }
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let failures = loader.await.expect("loader task");
+    assert!(
+        failures.is_empty(),
+        "{} failed requests: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+
+    let metrics = admin_get(h.admin, "/metrics").await.text();
+    let reloads_ok = metric_value(
+        &metrics,
+        "storageversion_webhook_tls_certificate_reloads_total{result=\"ok\"}",
+    );
+    assert!(reloads_ok >= Some(1.0), "{metrics}");
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_new_pair_is_rejected_and_the_old_certificate_kept() {
+    let (h, mut secret, first) = start_from_secret_dir().await;
+    let config = full_handshakes(&h.ca);
+
+    // A new certificate with the key of another one.
+    let cert = h.ca.server(3);
+    let stranger_key = h.ca.server(4).key_pem;
+    let mismatched = Leaf {
+        cert_pem: cert.cert_pem.clone(),
+        key_pem: stranger_key,
+        der: cert.der.clone(),
+    };
+    secret.swap_to(&mismatched);
+
+    let reload_errors = "storageversion_webhook_tls_certificate_reloads_total{result=\"error\"}";
+    eventually("a reload error in the metrics", || async {
+        let metrics = admin_get(h.admin, "/metrics").await.text();
+        metric_value(&metrics, reload_errors) >= Some(1.0)
+    })
+    .await;
+    let (_, leaf) = connect(h.admission, Arc::clone(&config))
+        .await
+        .expect("connect");
+    assert_eq!(leaf, first.der, "the old certificate must still be served");
+    assert_eq!(h.certs.current().cert[0], first.der);
+    let (status, _) = fresh_request(
+        h.admission,
+        Arc::clone(&config),
+        Bytes::from(sv_review("uid-bad-pair", valid_object())),
+    )
+    .await
+    .expect("request");
+    assert_eq!(status, StatusCode::OK);
+
+    // The same bad content is reported once, not every tick.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = admin_get(h.admin, "/metrics").await.text();
+    assert_eq!(
+        metric_value(&metrics, reload_errors),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // A good pair after the bad one is picked up.
+    let fixed = h.ca.server(5);
+    secret.swap_to(&fixed);
+    eventually("the fixed certificate", || {
+        let config = Arc::clone(&config);
+        let want = fixed.der.clone();
+        async move { matches!(connect(h.admission, config).await, Ok((_, leaf)) if leaf == want) }
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin listener
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_report_health_and_metrics() {
+    let h = Harness::start(|_, _, _| {}).await;
+
+    let live = admin_get(h.admin, "/livez").await;
+    assert_eq!(live.status, StatusCode::OK);
+    assert_eq!(live.text().trim(), "ok");
+
+    h.ready.set(false);
+    let ready = admin_get(h.admin, "/readyz").await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(ready.text().contains("lease view"), "{}", ready.text());
+    h.ready.set(true);
+    let ready = admin_get(h.admin, "/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+
+    let reply = h.validate(sv_review("uid-metrics", valid_object())).await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    let metrics = admin_get(h.admin, "/metrics").await;
+    assert_eq!(metrics.status, StatusCode::OK);
+    let content_type = metrics
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let text = metrics.text();
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("storageversion_webhook_admission_reviews_total{")
+                && l.contains("operation=\"UPDATE\"")
+                && l.contains("subresource=\"status\"")
+                && l.contains("verdict=")
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("storageversion_webhook_admission_review_duration_seconds_bucket{le=\""),
+        "{text}"
+    );
+    let expiry = metric_value(
+        &text,
+        "storageversion_webhook_serving_certificate_expiry_seconds ",
+    );
+    assert!(expiry > Some(0.0), "{text}");
+
+    let missing = admin_get(h.admin, "/nope").await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graceful shutdown
+
+/// A lease view that holds every lookup until released.
+struct GatedLeases {
+    inner: StaticLeases,
+    entered: mpsc::UnboundedSender<()>,
+    release: watch::Receiver<bool>,
+}
+
+impl LeaseView for GatedLeases {
+    fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup> {
+        let _ = self.entered.send(());
+        let mut release = self.release.clone();
+        Box::pin(async move {
+            let _ = release.wait_for(|open| *open).await;
+            self.inner.get(id)
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_in_flight_requests_and_fails_readiness() {
+    let (entered_tx, mut entered) = mpsc::unbounded_channel();
+    let (release, release_rx) = watch::channel(false);
+    let leases = Arc::new(GatedLeases {
+        inner: live_leases(),
+        entered: entered_tx,
+        release: release_rx,
+    });
+    let mut h = Harness::start_with(leases, |_, _, _| {}).await;
+    assert_eq!(admin_get(h.admin, "/readyz").await.status, StatusCode::OK);
+
+    let in_flight = {
+        let client = h.client();
+        let req = Request::post(h.url("/validate"))
+            .body(full(sv_review("uid-in-flight", valid_object())))
+            .expect("request");
+        tokio::spawn(async move { send(&client, req).await })
+    };
+    tokio::time::timeout(DEADLINE, entered.recv())
+        .await
+        .expect("the request should reach the lease view");
+
+    let _ = h.stop.take().expect("stop").send(());
+    eventually("/readyz to fail", || async {
+        admin_get(h.admin, "/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    let ready = admin_get(h.admin, "/readyz").await;
+    assert!(ready.text().contains("shutting down"), "{}", ready.text());
+    eventually("the admission listener to stop accepting", || async {
+        TcpStream::connect(h.admission).await.is_err()
+    })
+    .await;
+    assert!(!in_flight.is_finished());
+
+    release.send(true).expect("release");
+    let reply = tokio::time::timeout(DEADLINE, in_flight)
+        .await
+        .expect("the in-flight request should finish")
+        .expect("task")
+        .expect("the in-flight request should succeed");
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["response"]["uid"], "uid-in-flight");
+
+    let task = h.task.take().expect("task");
+    tokio::time::timeout(DEADLINE, task)
+        .await
+        .expect("serve should return once drained")
+        .expect("serve task")
+        .expect("serve result");
+    assert!(
+        TcpStream::connect(h.admin).await.is_err(),
+        "admin closed too"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connections_do_not_hold_up_shutdown() {
+    let h = Harness::start(|c, _, _| c.shutdown_grace = Duration::from_secs(60)).await;
+    // Leaves a pooled keep-alive connection open.
+    let client = h.client();
+    let reply = send(
+        &client,
+        Request::post(h.url("/validate"))
+            .body(full(sv_review("uid-idle", valid_object())))
+            .expect("request"),
+    )
+    .await
+    .expect("request");
+    assert_eq!(reply.status, StatusCode::OK);
+    let started = Instant::now();
+    h.shutdown().await.expect("clean shutdown");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(client);
+}
