@@ -1,0 +1,1299 @@
+//! The Helm chart (`charts/storageversion-webhook`), checked with the pinned helm binary
+//! (`.controlplane/bin/helm`) and, where it matters, against a real control plane:
+//!
+//! - `helm lint --strict` and the values schema (no cluster);
+//! - what the chart renders by default and in each certificate mode (no cluster);
+//! - every flag the chart renders is accepted by the real `serve` (no cluster);
+//! - every rendered object, in every certificate mode and with every option on, is accepted by
+//!   kube-apiserver (`kubectl apply --dry-run=server`; CRD-backed kinds validated against minimal
+//!   CRDs from tests/fixtures/chart/crds);
+//! - Helm-made certificates survive `helm upgrade` (install/upgrade/uninstall on the cluster);
+//! - the chart's RBAC is enough for `serve` (lease view, leader election, garbage collection) run
+//!   with a token of the chart's ServiceAccount, and the real authorizer refuses that identity
+//!   everything else;
+//! - the chart's ValidatingWebhookConfiguration, pointed at the local process, denies a write.
+//!
+//! Run one alone: `cargo test --test chart -- helm_certificates_survive_upgrade --nocapture`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use support::*;
+
+const CHART: &str = "charts/storageversion-webhook";
+const RELEASE: &str = "svw";
+const NS: &str = "svw-system";
+/// `<release>-<chart>`: the name of every object of a default install.
+const FULLNAME: &str = "svw-storageversion-webhook";
+const WEBHOOK: &str = "storageversions.svw-storageversion-webhook.svw-system.svc";
+
+// ------------------------------------------------------------------------------- helpers --
+
+/// The pinned helm, with its cache and config kept under the target dir (not $HOME).
+fn helm() -> Command {
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
+    let mut cmd = Command::new(bin_dir().join("helm"));
+    cmd.current_dir(repo_root())
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("KUBECONFIG");
+    cmd
+}
+
+/// helm with the control plane's admin kubeconfig.
+fn helm_on(cp: &ControlPlane) -> Command {
+    let mut cmd = helm();
+    cmd.env("KUBECONFIG", &cp.kubeconfig);
+    cmd
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo_root().join("tests/fixtures/chart").join(name)
+}
+
+fn run(cmd: &mut Command, stdin: Option<&str>) -> Output {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        pipe.write_all(input.as_bytes()).expect("write stdin");
+    }
+    child.wait_with_output().expect("wait for command")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `cmd`; panics with its output unless it succeeds; returns stdout.
+fn ok(cmd: &mut Command, stdin: Option<&str>) -> String {
+    let out = run(cmd, stdin);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}",
+        out.status,
+        text(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One way to configure the chart: extra `helm` arguments (values files, --set).
+struct Mode {
+    name: &'static str,
+    args: Vec<String>,
+}
+
+fn values_file(name: &str) -> Vec<String> {
+    vec!["-f".into(), fixture(name).display().to_string()]
+}
+
+/// Each certificate mode, and every option on. `ca_file` is the CA given in `secret` mode.
+fn modes(ca_file: &Path) -> Vec<Mode> {
+    let mut secret = values_file("values-secret.yaml");
+    secret.extend([
+        "--set-file".to_string(),
+        format!("certificates.secret.caBundle={}", ca_file.display()),
+    ]);
+    vec![
+        Mode {
+            name: "helm-made certificates (default values)",
+            args: vec![],
+        },
+        Mode {
+            name: "cert-manager with the chart's own CA",
+            args: values_file("values-cert-manager.yaml"),
+        },
+        Mode {
+            name: "cert-manager with a named ClusterIssuer",
+            args: values_file("values-cert-manager-issuer.yaml"),
+        },
+        Mode {
+            name: "existing Secret and caBundle",
+            args: secret,
+        },
+        Mode {
+            name: "every option on",
+            args: values_file("values-all.yaml"),
+        },
+    ]
+}
+
+/// `helm template` of the chart as release `svw` in `svw-system`: the YAML stream.
+fn template(args: &[String]) -> String {
+    ok(
+        helm()
+            .args(["template", RELEASE, CHART, "--namespace", NS])
+            .args(args),
+        None,
+    )
+}
+
+/// `helm template` that must fail: its error text.
+fn template_error(args: &[&str]) -> String {
+    let out = run(
+        helm()
+            .args(["template", RELEASE, CHART, "--namespace", NS])
+            .args(args),
+        None,
+    );
+    assert!(
+        !out.status.success(),
+        "helm template {args:?} should have failed; it rendered:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The documents of a YAML stream, as JSON values (empty documents dropped).
+fn docs(yaml: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(yaml)
+        .map(|d| Value::deserialize(d).expect("rendered YAML parses"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn render(args: &[String]) -> Vec<Value> {
+    docs(&template(args))
+}
+
+fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+fn name_of(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+fn all_of<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| kind_of(d) == kind).collect()
+}
+
+/// The one object of `kind` (panics if there is not exactly one).
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found = all_of(docs, kind);
+    assert_eq!(
+        found.len(),
+        1,
+        "expected exactly one {kind}, found {}",
+        found.len()
+    );
+    found[0]
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The webhook container's args in the rendered Deployment.
+fn container_args(docs: &[Value]) -> Vec<String> {
+    strings(&one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
+}
+
+/// The rendered args, made runnable on this machine: listeners on loopback ephemeral ports, the
+/// test's certificate files, JSON logs (the test reads the listen addresses from them), and the
+/// kubeconfig. Every other flag is passed exactly as rendered.
+fn local_args(rendered: &[String], certs: &Certs, kubeconfig: &Path) -> Vec<String> {
+    let mut args: Vec<String> = rendered
+        .iter()
+        .map(|a| {
+            let flag = a.split_once('=').map_or(a.as_str(), |(f, _)| f);
+            match flag {
+                "--listen" | "--admin-listen" => format!("{flag}=127.0.0.1:0"),
+                "--tls-cert-file" => format!("{flag}={}", certs.cert_file.display()),
+                "--tls-key-file" => format!("{flag}={}", certs.key_file.display()),
+                "--client-ca-file" => format!("{flag}={}", certs.ca_file.display()),
+                "--log-format" => "--log-format=json".to_string(),
+                _ => a.clone(),
+            }
+        })
+        .collect();
+    args.push(format!("--kubeconfig={}", kubeconfig.display()));
+    args
+}
+
+/// A kubeconfig for the control plane's API server (address and CA from the admin kubeconfig)
+/// that authenticates with `token`.
+fn token_kubeconfig(cp: &ControlPlane, token: &str, path: &Path) {
+    let admin: Value = serde_norway::from_str(
+        &std::fs::read_to_string(&cp.kubeconfig).expect("read admin kubeconfig"),
+    )
+    .expect("admin kubeconfig parses");
+    let cluster = &admin["clusters"][0]["cluster"];
+    let kubeconfig = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "svw-test", "cluster": {
+            "server": cluster["server"],
+            "certificate-authority-data": cluster["certificate-authority-data"],
+        }}],
+        "users": [{"name": "chart-sa", "user": {"token": token}}],
+        "contexts": [{"name": "chart-sa", "context": {"cluster": "svw-test", "user": "chart-sa"}}],
+        "current-context": "chart-sa",
+    });
+    std::fs::write(path, serde_json::to_string_pretty(&kubeconfig).unwrap()).expect("write");
+}
+
+/// `kubectl apply -f -` of `objects` as one List; `dry_run` makes it `--dry-run=server`.
+fn kubectl_apply(cp: &ControlPlane, objects: &[&Value], dry_run: bool) -> Output {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let mut cmd = cp.kubectl();
+    cmd.args(["apply", "-f", "-"]);
+    if dry_run {
+        cmd.arg("--dry-run=server");
+    }
+    run(&mut cmd, Some(&list.to_string()))
+}
+
+fn create_namespace(cp: &ControlPlane, ns: &str) {
+    ok(cp.kubectl().args(["create", "namespace", ns]), None);
+}
+
+/// Names of the DNS SANs of the first certificate in `pem`.
+fn dns_sans(pem: &[u8]) -> Vec<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).expect("PEM certificate");
+    let cert = pem.parse_x509().expect("X.509 certificate");
+    let san = cert
+        .subject_alternative_name()
+        .expect("SAN extension parses")
+        .expect("certificate has SANs");
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `openssl verify`: is the certificate `leaf` (PEM) signed by a CA in `ca` (PEM)?
+fn signed_by(leaf: &str, ca: &str) -> bool {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("leaf.pem"), leaf).expect("write");
+    std::fs::write(dir.path().join("ca.pem"), ca).expect("write");
+    Command::new("openssl")
+        .args(["verify", "-CAfile", "ca.pem", "leaf.pem"])
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run openssl")
+        .success()
+}
+
+fn pem_certificates(pem: &str) -> usize {
+    pem.matches("-----BEGIN CERTIFICATE-----").count()
+}
+
+// ------------------------------------------------------------------ lint and schema --
+
+/// `helm lint --strict` passes with the default values, in each certificate mode and with every
+/// option on. helm lint does not stop at the chart's own `fail` checks (it logs them as
+/// `[INFO] Fail`), so the test refuses those lines too.
+#[test]
+fn chart_lints_strictly_in_every_mode() {
+    let certs = Certs::generate();
+    for mode in modes(&certs.ca_file) {
+        let out = run(
+            helm()
+                .args(["lint", "--strict", CHART, "--namespace", NS])
+                .args(&mode.args),
+            None,
+        );
+        let output = text(&out);
+        assert!(
+            out.status.success(),
+            "helm lint --strict, {}:\n{output}",
+            mode.name
+        );
+        for bad in [
+            "[INFO] Fail",
+            "Missing required value",
+            "[WARNING]",
+            "[ERROR]",
+        ] {
+            assert!(
+                !output.contains(bad),
+                "helm lint, {}: {bad:?} in:\n{output}",
+                mode.name
+            );
+        }
+        assert!(output.contains("1 chart(s) linted, 0 chart(s) failed"));
+    }
+}
+
+/// values.schema.json rejects unknown keys (top level, nested, inside Kubernetes objects the
+/// chart passes through), wrong types, values out of range and bad durations; and the chart's
+/// own checks refuse an incomplete `secret` mode. Each rejected value has a valid twin that
+/// renders, so the rejection is about the value and nothing else.
+#[test]
+fn values_schema_rejects_unknown_keys_and_wrong_types() {
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "replicas=2",
+            "replicaCount=2",
+            &["additional properties 'replicas' not allowed"],
+        ),
+        (
+            "gc.leaderElection.renewDeadline=10s",
+            "gc.leaderElection.leaseGrace=10s",
+            &[
+                "/gc/leaderElection",
+                "additional properties 'renewDeadline' not allowed",
+            ],
+        ),
+        (
+            "securityContext.privilegd=false",
+            "securityContext.privileged=false",
+            &[
+                "/securityContext",
+                "additional properties 'privilegd' not allowed",
+            ],
+        ),
+        (
+            "replicaCount=two",
+            "replicaCount=3",
+            &["/replicaCount", "want integer"],
+        ),
+        (
+            "server.http2=yes",
+            "server.http2=true",
+            &["/server/http2", "want boolean"],
+        ),
+        (
+            "webhook.failurePolicy=Maybe",
+            "webhook.failurePolicy=Fail",
+            &["/webhook/failurePolicy"],
+        ),
+        (
+            "webhook.timeoutSeconds=31",
+            "webhook.timeoutSeconds=30",
+            &["/webhook/timeoutSeconds"],
+        ),
+        (
+            "gc.resyncInterval=soon",
+            "gc.resyncInterval=90s",
+            &["/gc/resyncInterval"],
+        ),
+        (
+            "gc.leaderElection.leaseDuration=1500ms",
+            "gc.leaderElection.leaseDuration=20s",
+            &["/gc/leaderElection/leaseDuration"],
+        ),
+        (
+            "gc.concurrency=0",
+            "gc.concurrency=256",
+            &["/gc/concurrency"],
+        ),
+        (
+            "certificates.mode=vault",
+            "certificates.mode=certManager",
+            &["/certificates/mode"],
+        ),
+        (
+            "admission.enforcement=audit",
+            "admission.enforcement=warn",
+            &["/admission/enforcement"],
+        ),
+        (
+            "extraArgs={serve}",
+            "extraArgs={--http2}",
+            &["/extraArgs/0"],
+        ),
+    ];
+    for (bad, good, expect) in cases {
+        let err = template_error(&["--set", bad]);
+        for want in *expect {
+            assert!(
+                err.contains(want),
+                "--set {bad}: expected {want:?} in:\n{err}"
+            );
+        }
+        template(&["--set".to_string(), good.to_string()]);
+    }
+    // --set-string gives a string where a number belongs.
+    let err = template_error(&["--set-string", "server.port=8443"]);
+    assert!(err.contains("/server/port"), "{err}");
+
+    // The chart's own checks, which the schema cannot express.
+    let err = template_error(&["--set", "certificates.mode=secret"]);
+    assert!(
+        err.contains("certificates.mode=secret needs certificates.secret.caBundle"),
+        "{err}"
+    );
+    let err = template_error(&[
+        "--set",
+        "certificates.mode=secret",
+        "--set",
+        "certificates.secret.caBundle=Zm9v",
+    ]);
+    assert!(
+        err.contains("certificates.mode=secret needs certificates.secretName"),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------- rendered objects --
+
+/// The default render: two hardened replicas spread across nodes with a PDB, probes on the admin
+/// port, the certificate Secret mounted as files, least-privilege RBAC, and the webhook
+/// configuration the issue asks for (fail open, 3 s, matching the Secret's CA).
+#[test]
+fn default_render_is_hardened_and_least_privilege() {
+    let docs = render(&[]);
+    let kinds: BTreeSet<&str> = docs.iter().map(kind_of).collect();
+    for opt_in in ["NetworkPolicy", "ServiceMonitor", "Certificate", "Issuer"] {
+        assert!(!kinds.contains(opt_in), "{opt_in} rendered by default");
+    }
+    for doc in &docs {
+        if !matches!(
+            kind_of(doc),
+            "ClusterRole" | "ClusterRoleBinding" | "ValidatingWebhookConfiguration"
+        ) {
+            assert!(
+                doc["metadata"]["namespace"].is_string(),
+                "{} {} has no namespace (needed for helm template | kubectl apply)",
+                kind_of(doc),
+                name_of(doc)
+            );
+        }
+    }
+
+    // Deployment.
+    let deploy = one(&docs, "Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(
+        deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    let selector = &deploy["spec"]["selector"]["matchLabels"];
+    let pod = &deploy["spec"]["template"]["spec"];
+    let spread = &pod["topologySpreadConstraints"][0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(spread["maxSkew"], 1);
+    assert_eq!(spread["labelSelector"]["matchLabels"], *selector);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(pod["serviceAccountName"], FULLNAME);
+    let c = &pod["containers"][0];
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(c["resources"]["requests"]["memory"].is_string());
+    assert!(c["resources"]["limits"]["memory"].is_string());
+    let ports: Vec<(&str, i64)> = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap(),
+                p["containerPort"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ports, [("https", 8443), ("admin", 8080)]);
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/livez", "port": "admin"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "admin"})
+    );
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        format!("{FULLNAME}-tls")
+    );
+    assert_eq!(c["volumeMounts"][0]["readOnly"], true);
+    let args = container_args(&docs);
+    for want in [
+        "serve",
+        "--listen=0.0.0.0:8443",
+        "--admin-listen=0.0.0.0:8080",
+        "--tls-cert-file=/etc/storageversion-webhook/tls/tls.crt",
+        "--tls-key-file=/etc/storageversion-webhook/tls/tls.key",
+        "--enforcement=deny",
+        "--gc",
+        &format!("--gc-leader-lease-name={FULLNAME}-gc"),
+        &format!("--gc-leader-lease-namespace={NS}"),
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+
+    // PDB and Service.
+    let pdb = one(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"], *selector);
+    let svc = one(&docs, "Service");
+    assert_eq!(svc["spec"]["selector"], *selector);
+    assert_eq!(
+        svc["spec"]["ports"][0],
+        json!({"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"})
+    );
+
+    // ValidatingWebhookConfiguration, with the CA of the Helm-made Secret.
+    let vwc = one(&docs, "ValidatingWebhookConfiguration");
+    let hook = &vwc["webhooks"][0];
+    assert_eq!(vwc["webhooks"].as_array().unwrap().len(), 1);
+    assert_eq!(hook["name"], WEBHOOK);
+    assert_eq!(
+        hook["rules"],
+        json!([{
+            "apiGroups": ["internal.apiserver.k8s.io"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["storageversions", "storageversions/status"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Cluster",
+        }])
+    );
+    assert_eq!(hook["sideEffects"], "None");
+    assert_eq!(hook["admissionReviewVersions"], json!(["v1"]));
+    assert_eq!(hook["matchPolicy"], "Equivalent");
+    assert_eq!(hook["failurePolicy"], "Ignore");
+    assert_eq!(hook["timeoutSeconds"], 3);
+    assert_eq!(
+        hook["clientConfig"]["service"],
+        json!({"name": FULLNAME, "namespace": NS, "path": "/validate", "port": 443})
+    );
+    let secret = one(&docs, "Secret");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    assert_eq!(name_of(secret), format!("{FULLNAME}-tls"));
+    assert_eq!(hook["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+
+    // RBAC: exactly these rules, bound to the chart's ServiceAccount.
+    let rules: Vec<(String, String, Value)> = docs
+        .iter()
+        .filter(|d| matches!(kind_of(d), "Role" | "ClusterRole"))
+        .map(|d| {
+            (
+                kind_of(d).to_string(),
+                d["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                d["rules"].clone(),
+            )
+        })
+        .collect();
+    let expected = [
+        (
+            "Role",
+            "kube-system",
+            json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "verbs": ["get", "list", "watch"]}]),
+        ),
+        (
+            "ClusterRole",
+            "",
+            json!([
+                {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"],
+                 "verbs": ["get", "list", "watch", "update", "patch", "delete"]},
+                {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions/status"],
+                 "verbs": ["get", "update", "patch"]},
+            ]),
+        ),
+        (
+            "Role",
+            NS,
+            json!([
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                 "resourceNames": [format!("{FULLNAME}-gc")],
+                 "verbs": ["get", "list", "watch", "patch"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+            ]),
+        ),
+        (
+            "Role",
+            "default",
+            json!([{"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
+                    "verbs": ["create", "patch"]}]),
+        ),
+    ];
+    assert_eq!(rules.len(), expected.len(), "roles: {rules:#?}");
+    for (kind, ns, want) in &expected {
+        assert!(
+            rules
+                .iter()
+                .any(|(k, n, r)| k == kind && n == ns && r == want),
+            "no {kind} in {ns:?} with rules {want}; roles: {rules:#?}"
+        );
+    }
+    for binding in docs
+        .iter()
+        .filter(|d| matches!(kind_of(d), "RoleBinding" | "ClusterRoleBinding"))
+    {
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}])
+        );
+    }
+    assert_eq!(all_of(&docs, "RoleBinding").len(), 3);
+    assert_eq!(all_of(&docs, "ClusterRoleBinding").len(), 1);
+
+    // With the collector off, only the identity-lease read access is left.
+    let no_gc = render(&["--set".into(), "gc.enabled=false".into()]);
+    assert!(container_args(&no_gc).iter().any(|a| a == "--no-gc"));
+    assert!(!container_args(&no_gc).iter().any(|a| a.starts_with("--gc")));
+    let roles: Vec<&Value> = no_gc
+        .iter()
+        .filter(|d| kind_of(d).contains("Role"))
+        .collect();
+    assert_eq!(roles.len(), 2, "{roles:#?}");
+    assert!(roles
+        .iter()
+        .all(|r| r["metadata"]["namespace"] == "kube-system"));
+}
+
+/// The certificate modes render what each needs: cert-manager objects and the CA-injection
+/// annotation instead of a caBundle; or the user's Secret and caBundle (PEM or base64).
+#[test]
+fn certificate_modes_render_their_objects() {
+    let certs = Certs::generate();
+
+    let own = render(&values_file("values-cert-manager.yaml"));
+    assert!(all_of(&own, "Secret").is_empty());
+    let vwc = one(&own, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!("{NS}/{FULLNAME}-tls")
+    );
+    assert!(vwc["webhooks"][0]["clientConfig"]["caBundle"].is_null());
+    let issuers: BTreeSet<&str> = all_of(&own, "Issuer").into_iter().map(name_of).collect();
+    assert_eq!(
+        issuers,
+        BTreeSet::from([
+            format!("{FULLNAME}-selfsigned").as_str(),
+            format!("{FULLNAME}-ca").as_str()
+        ])
+    );
+    let certificates = all_of(&own, "Certificate");
+    assert_eq!(certificates.len(), 2);
+    let ca = certificates
+        .iter()
+        .find(|c| c["spec"]["isCA"] == true)
+        .expect("a CA Certificate");
+    assert_eq!(
+        ca["spec"]["issuerRef"]["name"],
+        format!("{FULLNAME}-selfsigned")
+    );
+    let serving = certificates
+        .iter()
+        .find(|c| name_of(c) == format!("{FULLNAME}-tls"))
+        .expect("the serving Certificate");
+    assert_eq!(serving["spec"]["secretName"], format!("{FULLNAME}-tls"));
+    assert_eq!(
+        serving["spec"]["issuerRef"]["name"],
+        format!("{FULLNAME}-ca")
+    );
+    assert!(strings(&serving["spec"]["dnsNames"]).contains(&format!("{FULLNAME}.{NS}.svc")));
+
+    let named = render(&values_file("values-cert-manager-issuer.yaml"));
+    assert!(all_of(&named, "Issuer").is_empty());
+    let serving = one(&named, "Certificate");
+    assert_eq!(
+        serving["spec"]["issuerRef"],
+        json!({"name": "platform-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})
+    );
+    assert_eq!(serving["spec"]["duration"], "720h");
+
+    let want_bundle = base64(certs.ca_pem.as_bytes());
+    let mut pem_args = values_file("values-secret.yaml");
+    pem_args.extend([
+        "--set-file".into(),
+        format!("certificates.secret.caBundle={}", certs.ca_file.display()),
+    ]);
+    let mut b64_args = values_file("values-secret.yaml");
+    b64_args.extend([
+        "--set".into(),
+        format!("certificates.secret.caBundle={want_bundle}"),
+    ]);
+    for args in [pem_args, b64_args] {
+        let given = render(&args);
+        assert!(all_of(&given, "Secret").is_empty());
+        assert!(all_of(&given, "Certificate").is_empty());
+        let hook = &one(&given, "ValidatingWebhookConfiguration")["webhooks"][0];
+        assert_eq!(hook["clientConfig"]["caBundle"], want_bundle.as_str());
+        let pod = &one(&given, "Deployment")["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["volumes"][0]["secret"]["secretName"],
+            "storageversion-webhook-serving"
+        );
+    }
+}
+
+/// Every flag the chart renders, in every mode, is accepted by the real binary: `serve` starts
+/// with exactly those args (listen addresses, certificate paths and log format adjusted for
+/// this machine) and binds its listeners. The cluster it is pointed at does not answer; no
+/// control plane is needed to parse flags.
+#[test]
+fn every_rendered_flag_is_accepted_by_serve() {
+    let certs = Certs::generate();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "nowhere", "cluster": {"server": "https://127.0.0.1:9"}}],
+            "users": [{"name": "nobody", "user": {"token": "none"}}],
+            "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "nobody"}}],
+            "current-context": "nowhere",
+        })
+        .to_string(),
+    )
+    .expect("write kubeconfig");
+    for mode in modes(&certs.ca_file) {
+        let rendered = container_args(&render(&mode.args));
+        for a in &rendered {
+            if let Some(addr) = a
+                .strip_prefix("--listen=")
+                .or_else(|| a.strip_prefix("--admin-listen="))
+            {
+                addr.parse::<std::net::SocketAddr>()
+                    .unwrap_or_else(|e| panic!("{}: {a} is not a socket address: {e}", mode.name));
+            }
+        }
+        let args = local_args(&rendered, &certs, &kubeconfig);
+        let mut hook = Webhook::spawn(&args, &[]);
+        assert!(
+            hook.child.try_wait().expect("try_wait").is_none(),
+            "{}: serve exited; logs:\n{}",
+            mode.name,
+            hook.logs_text()
+        );
+        hook.kill();
+    }
+}
+
+// ------------------------------------------------------------ against the apiserver --
+
+/// Every object the chart renders, in each certificate mode and with every option on, passes
+/// kube-apiserver's validation (`kubectl apply --dry-run=server`). cert-manager's and the
+/// Prometheus Operator's kinds are checked against minimal CRDs (tests/fixtures/chart/crds):
+/// group, version, kind and scope are real, their fields are not validated.
+#[tokio::test(flavor = "multi_thread")]
+async fn rendered_objects_pass_server_side_dry_run() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let certs = Certs::generate();
+    ok(
+        cp.kubectl().args(["apply", "-f"]).arg(fixture("crds")),
+        None,
+    );
+    ok(
+        cp.kubectl().args([
+            "wait",
+            "--for=condition=Established",
+            "crd",
+            "--all",
+            "--timeout=60s",
+        ]),
+        None,
+    );
+    create_namespace(&cp, NS);
+    for mode in modes(&certs.ca_file) {
+        let docs = render(&mode.args);
+        let refs: Vec<&Value> = docs.iter().collect();
+        let out = kubectl_apply(&cp, &refs, true);
+        let output = text(&out);
+        assert!(
+            out.status.success(),
+            "server-side dry run refused objects of mode '{}':\n{output}",
+            mode.name
+        );
+        for doc in &docs {
+            let line = format!("/{} ", name_of(doc));
+            assert!(
+                output
+                    .lines()
+                    .any(|l| l.contains(&line) && l.contains("(server dry run)")),
+                "{}: {} {} not confirmed by the dry run:\n{output}",
+                mode.name,
+                kind_of(doc),
+                name_of(doc)
+            );
+        }
+        eprintln!("{}: {} objects accepted", mode.name, docs.len());
+    }
+    let all = render(&values_file("values-all.yaml"));
+    let kinds: BTreeSet<&str> = all.iter().map(kind_of).collect();
+    for kind in [
+        "Deployment",
+        "Service",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingWebhookConfiguration",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "ServiceMonitor",
+        "Certificate",
+        "Issuer",
+    ] {
+        assert!(kinds.contains(kind), "values-all.yaml renders no {kind}");
+    }
+}
+
+/// Helm-made certificates: `helm install` makes a CA and a serving certificate for the Service
+/// and puts the CA in caBundle; `helm upgrade` keeps both unchanged; an upgrade within
+/// renewBeforeDays of expiry makes new ones and keeps the old CA in caBundle for one upgrade;
+/// `helm uninstall` removes them. Also checks what NOTES.txt tells the user.
+#[tokio::test(flavor = "multi_thread")]
+async fn helm_certificates_survive_upgrade() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let secrets: Api<Secret> = Api::namespaced(cp.client.clone(), NS);
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(cp.client.clone());
+    let deployments: Api<Deployment> = Api::namespaced(cp.client.clone(), NS);
+    let state = || async {
+        let secret = secrets
+            .get(&format!("{FULLNAME}-tls"))
+            .await
+            .expect("the Helm-made Secret");
+        let data = secret.data.expect("Secret data");
+        let get = |k: &str| data.get(k).unwrap_or_else(|| panic!("no {k}")).0.clone();
+        let vwc = vwcs.get(FULLNAME).await.expect("the webhook configuration");
+        let bundle = vwc.webhooks.expect("webhooks")[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .expect("caBundle")
+            .0;
+        let text = |b: Vec<u8>| String::from_utf8(b).expect("PEM is text");
+        (
+            text(get("ca.crt")),
+            text(get("tls.crt")),
+            text(get("tls.key")),
+            text(bundle),
+        )
+    };
+
+    let notes = ok(
+        helm_on(&cp).args([
+            "install",
+            RELEASE,
+            CHART,
+            "--namespace",
+            NS,
+            "--create-namespace",
+        ]),
+        None,
+    );
+    for want in [
+        "failurePolicy:  Ignore",
+        "timeoutSeconds: 3",
+        &format!("kubectl -n {NS} rollout status deployment/{FULLNAME}"),
+        &format!("kubectl delete validatingwebhookconfiguration {FULLNAME}"),
+    ] {
+        assert!(notes.contains(want), "NOTES lack {want:?}:\n{notes}");
+    }
+    let (ca, crt, key, bundle) = state().await;
+    assert_eq!(bundle, ca, "caBundle is not the Secret's CA");
+    assert!(signed_by(&crt, &ca), "tls.crt is not signed by ca.crt");
+    let sans = dns_sans(crt.as_bytes());
+    for want in [
+        FULLNAME.to_string(),
+        format!("{FULLNAME}.{NS}"),
+        format!("{FULLNAME}.{NS}.svc"),
+        format!("{FULLNAME}.{NS}.svc.cluster.local"),
+    ] {
+        assert!(sans.contains(&want), "{want} not in the SANs {sans:?}");
+    }
+    assert!(key.contains("PRIVATE KEY"));
+
+    // An upgrade that changes something else keeps the certificates exactly.
+    ok(
+        helm_on(&cp).args([
+            "upgrade",
+            RELEASE,
+            CHART,
+            "--namespace",
+            NS,
+            "--set",
+            "replicaCount=3",
+        ]),
+        None,
+    );
+    let replicas = deployments.get(FULLNAME).await.expect("Deployment");
+    assert_eq!(
+        replicas.spec.and_then(|s| s.replicas),
+        Some(3),
+        "upgrade not applied"
+    );
+    assert_eq!(
+        state().await,
+        (ca.clone(), crt.clone(), key.clone(), bundle.clone())
+    );
+
+    // Within renewBeforeDays of expiry: new certificates; caBundle trusts the new and old CA.
+    ok(
+        helm_on(&cp).args([
+            "upgrade",
+            RELEASE,
+            CHART,
+            "--namespace",
+            NS,
+            "--set",
+            "certificates.helm.renewBeforeDays=36500",
+        ]),
+        None,
+    );
+    let (ca2, crt2, key2, bundle2) = state().await;
+    assert_ne!(ca2, ca);
+    assert_ne!(crt2, crt);
+    assert_ne!(key2, key);
+    assert!(signed_by(&crt2, &ca2));
+    assert_eq!(pem_certificates(&bundle2), 2);
+    assert!(bundle2.starts_with(&ca2) && bundle2.ends_with(&ca));
+
+    // The next upgrade keeps the renewed certificates and drops the old CA. (--reset-values:
+    // helm upgrade without values would reuse the last release's renewBeforeDays.)
+    ok(
+        helm_on(&cp).args([
+            "upgrade",
+            RELEASE,
+            CHART,
+            "--namespace",
+            NS,
+            "--reset-values",
+        ]),
+        None,
+    );
+    assert_eq!(state().await, (ca2.clone(), crt2, key2, ca2));
+
+    ok(
+        helm_on(&cp).args(["uninstall", RELEASE, "--namespace", NS, "--wait"]),
+        None,
+    );
+    assert!(secrets
+        .get_opt(&format!("{FULLNAME}-tls"))
+        .await
+        .expect("get")
+        .is_none());
+    assert!(vwcs.get_opt(FULLNAME).await.expect("get").is_none());
+}
+
+/// The chart's ServiceAccount and RBAC, applied to a real cluster, are enough for `serve` run
+/// with that ServiceAccount's token: the lease view lists identity leases (/readyz), the leader
+/// Lease is acquired, the collector removes the entry of an apiserver whose lease was deleted
+/// (and records an Event), and no request is forbidden. The real authorizer then refuses that
+/// identity everything the chart does not mean to grant.
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let certs = Certs::generate();
+    create_namespace(&cp, NS);
+    // Fast collector timings, set through the chart's own values.
+    let docs = render(&[
+        "--set".into(),
+        "gc.leaseDeletionGrace=1s".into(),
+        "--set".into(),
+        "gc.resyncInterval=2s".into(),
+    ]);
+    let identity: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                kind_of(d),
+                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+            )
+        })
+        .collect();
+    let out = kubectl_apply(&cp, &identity, false);
+    assert!(out.status.success(), "apply RBAC:\n{}", text(&out));
+
+    let token = ok(
+        cp.kubectl().args([
+            "create",
+            "token",
+            FULLNAME,
+            "--namespace",
+            NS,
+            "--duration=2h",
+        ]),
+        None,
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    token_kubeconfig(&cp, token.trim(), &kubeconfig);
+
+    let args = local_args(&container_args(&docs), &certs, &kubeconfig);
+    let hook = Webhook::spawn(&args, &[("POD_NAME", "chart-rbac-pod")]);
+    // Readiness waits for the lease view's first list of kube-system identity leases.
+    hook.wait_ready(Duration::from_secs(60)).await;
+
+    // Leader election on the chart's leader Lease, in the release namespace.
+    let leader_leases: Api<Lease> = Api::namespaced(cp.client.clone(), NS);
+    let lease_name = format!("{FULLNAME}-gc");
+    poll_until(
+        Duration::from_secs(60),
+        "the leader Lease to be held",
+        || {
+            let api = leader_leases.clone();
+            let name = lease_name.clone();
+            async move {
+                api.get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|l| l.spec?.holder_identity)
+                    .is_some_and(|h| h.starts_with("chart-rbac-pod"))
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+
+    // Garbage collection: an entry whose apiserver's lease is deleted goes away.
+    let own = own_apiserver_id(&cp).await;
+    let gone = "apiserver-chartrbacgone0000000000";
+    leases(&cp)
+        .create(&PostParams::default(), &live_identity_lease(gone))
+        .await
+        .expect("create identity lease");
+    let sv_name = "chart.example.com.widgets";
+    create_sv(&cp, sv_name).await;
+    put_status(&cp, sv_name, status_for("chart.example.com", &[&own, gone]))
+        .await
+        .expect("write both entries");
+    leases(&cp)
+        .delete(gone, &Default::default())
+        .await
+        .expect("delete the lease");
+    poll_until(
+        Duration::from_secs(90),
+        "the collector to remove the stale entry",
+        || async {
+            storage_versions(&cp)
+                .get(sv_name)
+                .await
+                .is_ok_and(|sv| sv.entry(gone).is_none() && sv.entry(&own).is_some())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    poll_until(
+        Duration::from_secs(30),
+        "an Event about the collected StorageVersion",
+        || async {
+            let out = cp
+                .kubectl()
+                .args(["get", "events", "--namespace", "default", "-o", "json"])
+                .output()
+                .expect("kubectl get events");
+            let list: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            list["items"]
+                .as_array()
+                .is_some_and(|items| items.iter().any(|e| e["involvedObject"]["name"] == sv_name))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+
+    let logs = hook.logs_text().to_lowercase();
+    assert!(
+        !logs.contains("forbidden"),
+        "serve was refused a request with the chart's RBAC:\n{}",
+        hook.logs_text()
+    );
+
+    // What the authorizer says about that identity.
+    let who = format!("--as=system:serviceaccount:{NS}:{FULLNAME}");
+    let can = |verb: &str, resource: &str, extra: &[&str]| -> bool {
+        let out = cp
+            .kubectl()
+            .args(["auth", "can-i", verb, resource, &who])
+            .args(extra)
+            .output()
+            .expect("kubectl auth can-i");
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            "yes" => true,
+            "no" => false,
+            other => panic!(
+                "can-i {verb} {resource} {extra:?}: {other:?} {}",
+                text(&out)
+            ),
+        }
+    };
+    let sv = "storageversions.internal.apiserver.k8s.io";
+    let leader = format!("leases/{FULLNAME}-gc");
+    let yes: &[(&str, &str, &[&str])] = &[
+        ("list", "leases", &["-n", "kube-system"]),
+        ("watch", "leases", &["-n", "kube-system"]),
+        ("get", "leases/apiserver-any", &["-n", "kube-system"]),
+        ("list", sv, &[]),
+        ("watch", sv, &[]),
+        ("update", sv, &[]),
+        ("patch", sv, &[]),
+        ("delete", sv, &[]),
+        ("update", sv, &["--subresource=status"]),
+        ("patch", sv, &["--subresource=status"]),
+        ("get", &leader, &["-n", NS]),
+        ("patch", &leader, &["-n", NS]),
+        ("create", "leases", &["-n", NS]),
+        ("create", "events", &["-n", "default"]),
+        ("create", "events.events.k8s.io", &["-n", "default"]),
+        ("patch", "events.events.k8s.io", &["-n", "default"]),
+    ];
+    let no: &[(&str, &str, &[&str])] = &[
+        // Identity leases belong to kube-apiserver.
+        ("create", "leases", &["-n", "kube-system"]),
+        ("update", "leases/apiserver-any", &["-n", "kube-system"]),
+        ("patch", "leases/apiserver-any", &["-n", "kube-system"]),
+        ("delete", "leases/apiserver-any", &["-n", "kube-system"]),
+        // Only the one leader Lease in the release namespace, and never its deletion.
+        ("list", "leases", &["-n", NS]),
+        ("patch", "leases/some-other-lease", &["-n", NS]),
+        ("delete", &leader, &["-n", NS]),
+        ("list", "leases", &["--all-namespaces"]),
+        // The collector never creates StorageVersions nor deletes them wholesale.
+        ("create", sv, &[]),
+        ("deletecollection", sv, &[]),
+        // Events only where events about cluster-scoped objects go.
+        ("create", "events", &["-n", "kube-system"]),
+        ("create", "events", &["-n", NS]),
+        ("delete", "events", &["-n", "default"]),
+        // Nothing else.
+        ("get", "secrets", &["-n", NS]),
+        ("list", "secrets", &["--all-namespaces"]),
+        ("create", "configmaps", &["-n", NS]),
+        ("create", "pods", &["-n", NS]),
+        ("update", "deployments.apps", &["-n", NS]),
+        (
+            "update",
+            "validatingwebhookconfigurations.admissionregistration.k8s.io",
+            &[],
+        ),
+        (
+            "delete",
+            "validatingwebhookconfigurations.admissionregistration.k8s.io",
+            &[],
+        ),
+        (
+            "create",
+            "clusterrolebindings.rbac.authorization.k8s.io",
+            &[],
+        ),
+        ("impersonate", "serviceaccounts", &["-n", NS]),
+        ("create", "serviceaccounts/token", &["-n", NS]),
+    ];
+    for (verb, resource, extra) in yes {
+        assert!(
+            can(verb, resource, extra),
+            "should be allowed: {verb} {resource} {extra:?}"
+        );
+    }
+    for (verb, resource, extra) in no {
+        assert!(
+            !can(verb, resource, extra),
+            "should be refused: {verb} {resource} {extra:?}"
+        );
+    }
+}
+
+/// The chart's ValidatingWebhookConfiguration, with only its clientConfig pointed at the local
+/// `serve` (URL and test CA; rules, failurePolicy, matchPolicy, sideEffects, timeout exactly as
+/// rendered), makes kube-apiserver deny a status write that adds an entry for an apiserver with
+/// no identity lease, and admit the apiserver's own entry.
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_webhook_configuration_denies_entries_without_a_lease() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let certs = Certs::generate();
+    let hook = Webhook::start(&cp, &certs, &[]).await;
+
+    let docs = render(&[]);
+    let rendered = one(&docs, "ValidatingWebhookConfiguration");
+    let mut vwc = rendered.clone();
+    vwc["webhooks"][0]["clientConfig"] =
+        json!({"url": hook.url(), "caBundle": base64(certs.ca_pem.as_bytes())});
+    let out = kubectl_apply(&cp, &[&vwc], false);
+    assert!(
+        out.status.success(),
+        "apply the chart's webhook configuration:\n{}",
+        text(&out)
+    );
+    let stored = kubectl_json(&cp, &["get", "validatingwebhookconfiguration", FULLNAME]);
+    for field in [
+        "name",
+        "rules",
+        "failurePolicy",
+        "matchPolicy",
+        "sideEffects",
+        "timeoutSeconds",
+        "admissionReviewVersions",
+    ] {
+        assert_eq!(
+            stored["webhooks"][0][field], rendered["webhooks"][0][field],
+            "{field} differs from the rendered configuration"
+        );
+    }
+
+    let sv_name = "chart.example.com.gadgets";
+    create_sv(&cp, sv_name).await;
+    let stale = "apiserver-chartnolease000000000000";
+    let denied = put_status(&cp, sv_name, status_for("chart.example.com", &[stale])).await;
+    let message = api_error_text(&denied);
+    assert!(
+        message.contains(&format!(
+            "admission webhook \"{WEBHOOK}\" denied the request"
+        )),
+        "expected a denial by {WEBHOOK}, got: {message:?}; logs:\n{}",
+        hook.logs_text()
+    );
+    assert!(message.contains("lease-missing"), "{message}");
+
+    let own = own_apiserver_id(&cp).await;
+    let admitted = put_status(&cp, sv_name, status_for("chart.example.com", &[&own])).await;
+    assert!(
+        admitted.is_ok(),
+        "own entry denied: {}",
+        api_error_text(&admitted)
+    );
+}
+
+fn kubectl_json(cp: &ControlPlane, args: &[&str]) -> Value {
+    let out = ok(cp.kubectl().args(args).args(["-o", "json"]), None);
+    serde_json::from_str(&out).expect("kubectl JSON")
+}
