@@ -2,8 +2,17 @@
 //! replaces, and what is known about identity leases) in, findings out. No I/O, no clock: `now`
 //! is an input. Used by the webhook, by `check` and by `audit`.
 
+pub mod beyond;
 pub mod common;
+pub mod lease;
+mod lists;
 pub mod names;
+pub mod ratchet;
+pub mod render;
+pub mod upstream;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,27 +28,48 @@ use crate::model::{LeaseLookup, StorageVersion};
 #[serde(rename_all = "kebab-case")]
 pub enum Code {
     // upstream parity (spec §2)
+    /// `metadata.name` is not `<group>.<resource>` (group a DNS-1123 subdomain, resource a DNS-1035 label).
     NameFormat,
+    /// An entry's `apiServerID` is not a DNS-1123 subdomain.
     ApiServerIdInvalid,
+    /// An `apiServerID` appears in more than one entry (reported on each later one).
     ApiServerIdDuplicate,
+    /// An encoding, decodable or served version is not a valid `[group/]version` string.
     VersionInvalid,
+    /// `decodableVersions` does not include the entry's `encodingVersion`.
     EncodingNotDecodable,
+    /// A served version is not one of the entry's `decodableVersions`.
     ServedNotDecodable,
+    /// `commonEncodingVersion` is not the version all entries agree on (or is set while they disagree).
     CommonVersionMismatch,
+    /// A condition type appears more than once.
     ConditionTypeDuplicate,
+    /// A condition type is not a qualified name.
     ConditionTypeInvalid,
+    /// A condition status is not a qualified name.
     ConditionStatusInvalid,
+    /// A condition has no reason.
     ConditionReasonEmpty,
+    /// A condition has no message.
     ConditionMessageEmpty,
     // beyond upstream (design §3)
+    /// `encodingVersion` is in another API group than the one the object's name is about.
     EncodingGroupMismatch,
+    /// `decodableVersions` (a set) lists a version more than once.
     DecodableDuplicate,
+    /// `servedVersions` (a set) lists a version more than once.
     ServedDuplicate,
+    /// A condition status is a qualified name but not `True`, `False` or `Unknown`.
     ConditionStatusUnknownValue,
+    /// The `AllEncodingVersionsEqual` condition contradicts `commonEncodingVersion`.
     ConditionDisagreesWithCommon,
+    /// No identity lease exists for an entry's `apiServerID`.
     LeaseMissing,
+    /// The identity lease of an entry is not labelled as a kube-apiserver's.
     LeaseNotApiserver,
+    /// The identity lease of an entry has expired (or has no renew time or duration).
     LeaseExpired,
+    /// The identity lease could not be looked up (a warning only, never a denial).
     LeaseLookupFailed,
 }
 
@@ -211,10 +241,14 @@ pub struct Evaluation {
 
 impl Evaluation {
     pub fn denials(&self) -> impl Iterator<Item = &Finding> {
-        self.findings.iter().filter(|f| f.severity == Severity::Deny)
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Deny)
     }
     pub fn warnings(&self) -> impl Iterator<Item = &Finding> {
-        self.findings.iter().filter(|f| f.severity == Severity::Warn)
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Warn)
     }
     pub fn is_denied(&self) -> bool {
         self.denials().next().is_some()
@@ -222,24 +256,87 @@ impl Evaluation {
 }
 
 /// The distinct apiServerIDs of `new`'s entries, in order: the leases the caller must look up
-/// before calling [`evaluate`].
+/// before calling [`evaluate`]. Entries the write leaves unchanged are included, so that a stale
+/// one can be warned about. IDs that are not DNS-1123 subdomains are left out: no lease can have
+/// such a name (and an empty name would turn a GET into a LIST); the ID rule denies them anyway.
 pub fn lease_ids<'a>(new: &'a StorageVersion, _old: Option<&StorageVersion>) -> Vec<&'a str> {
-    let mut ids: Vec<&str> = Vec::new();
+    let mut ids: Vec<&str> = Vec::with_capacity(new.status.storage_versions.len());
     for e in &new.status.storage_versions {
-        if !ids.contains(&e.api_server_id.as_str()) {
-            ids.push(&e.api_server_id);
+        let id = e.api_server_id.as_str();
+        if names::is_dns1123_subdomain(id) && !ids.contains(&id) {
+            ids.push(id);
         }
     }
     ids
 }
 
-/// Judges one write: every rule of design §3, with ratcheting against `old`.
-/// PLACEHOLDER: implemented by the rules work.
+/// Every rule that needs no lease data, on one object, without ratcheting: upstream parity
+/// first (in upstream's order), then the rules beyond upstream. Used by `audit` and `check`.
+pub fn violations(sv: &StorageVersion) -> Vec<Violation> {
+    let mut out = Vec::new();
+    upstream::check(sv, &mut out);
+    beyond::check(sv, &mut out);
+    out
+}
+
+/// Judges one write: every rule of design §3, with ratcheting against `old` (the stored object
+/// on UPDATE, `None` on CREATE). `leases` holds the lookups of [`lease_ids`]; an ID missing from
+/// it is treated as [`LeaseLookup::Unknown`].
 pub fn evaluate(
-    _new: &StorageVersion,
-    _old: Option<&StorageVersion>,
-    _leases: &LeaseFacts,
-    _opts: &RuleOptions,
+    new: &StorageVersion,
+    old: Option<&StorageVersion>,
+    leases: &LeaseFacts,
+    opts: &RuleOptions,
 ) -> Evaluation {
-    Evaluation::default()
+    let mut evaluation = Evaluation::default();
+    let found = violations(new);
+    if !found.is_empty() {
+        let mut ratchet = ratchet::Ratchet::new(new, old);
+        evaluation.findings.reserve(found.len());
+        for violation in found {
+            let note = ratchet.excuse(&violation);
+            evaluation.findings.push(Finding {
+                severity: if note.is_some() {
+                    Severity::Warn
+                } else {
+                    Severity::Deny
+                },
+                violation,
+                note,
+            });
+        }
+    }
+
+    for (i, entry) in new.status.storage_versions.iter().enumerate() {
+        let id = entry.api_server_id.as_str();
+        if !names::is_dns1123_subdomain(id) {
+            continue;
+        }
+        let (code, message) = match lease::judge(id, leases.get(id), opts) {
+            lease::LeaseJudgement::Live => continue,
+            lease::LeaseJudgement::Unknown => {
+                evaluation.lease_rule_skipped = true;
+                continue;
+            }
+            lease::LeaseJudgement::Problem { code, message } => (code, message),
+        };
+        let unchanged = ratchet::entry_unchanged(entry, old);
+        evaluation.findings.push(Finding {
+            severity: if unchanged || code == Code::LeaseLookupFailed {
+                Severity::Warn
+            } else {
+                Severity::Deny
+            },
+            violation: Violation {
+                code,
+                path: format!("status.storageVersions[{i}].apiServerID"),
+                error_type: ErrorType::Invalid,
+                value: Some(render::go_quote(id)),
+                message,
+                entry_id: Some(id.to_string()),
+            },
+            note: unchanged.then_some(ratchet::UNCHANGED_NOTE),
+        });
+    }
+    evaluation
 }
