@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod check;
+pub mod gc;
 pub mod kubeclient;
 pub mod leases;
 pub mod logging;

@@ -1,0 +1,165 @@
+//! Garbage-collector metrics (prefix `storageversion_webhook_gc`).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// lease-missing, lease-not-apiserver, lease-expired
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// update_status or delete
+    pub operation: &'static str,
+    /// ok, conflict, not_found, error
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// Every GC metric. Cheap to clone.
+#[derive(Clone)]
+pub struct GcMetrics {
+    pub entries_removed: Family<ReasonLabels, Counter>,
+    pub objects_deleted: Counter,
+    pub writes: Family<WriteLabels, Counter>,
+    pub errors: Family<OperationLabels, Counter>,
+    pub leader: Gauge,
+    pub leadership_changes: Family<ResultLabels, Counter>,
+    pub sweep_duration: Histogram,
+    pub sweeps: Counter,
+    pub checks: Family<ResultLabels, Counter>,
+    pub lease_checks: Family<ResultLabels, Counter>,
+    pub dry_run_changes: Family<ResultLabels, Counter>,
+    pub lease_events: Family<EventLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// deleted (watch event), vanished (missing after a relist), listed (relist done)
+    pub event: &'static str,
+}
+
+const SWEEP_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+impl GcMetrics {
+    /// Creates the metrics and registers them in `registry` under `storageversion_webhook_gc`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = GcMetrics {
+            entries_removed: Family::default(),
+            objects_deleted: Counter::default(),
+            writes: Family::default(),
+            errors: Family::default(),
+            leader: Gauge::default(),
+            leadership_changes: Family::default(),
+            sweep_duration: Histogram::new(SWEEP_BUCKETS.iter().copied()),
+            sweeps: Counter::default(),
+            checks: Family::default(),
+            lease_checks: Family::default(),
+            dry_run_changes: Family::default(),
+            lease_events: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("storageversion_webhook_gc");
+        r.register(
+            "entries_removed",
+            "StorageVersion entries removed, by why their apiserver counts as gone",
+            m.entries_removed.clone(),
+        );
+        r.register(
+            "objects_deleted",
+            "StorageVersions deleted because no entry was left",
+            m.objects_deleted.clone(),
+        );
+        r.register(
+            "writes",
+            "Writes sent to the API server (status updates and deletes), by result",
+            m.writes.clone(),
+        );
+        r.register(
+            "errors",
+            "Failed API calls and watch errors, by operation",
+            m.errors.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the GC leader Lease and collects, else 0",
+            m.leader.clone(),
+        );
+        r.register(
+            "leadership_changes",
+            "Leadership gained (result=acquired) and given up (result=lost, released)",
+            m.leadership_changes.clone(),
+        );
+        r.register(
+            "sweep_duration_seconds",
+            "Time for one full sweep of every StorageVersion",
+            m.sweep_duration.clone(),
+        );
+        r.register("sweeps", "Full sweeps completed", m.sweeps.clone());
+        r.register(
+            "checks",
+            "StorageVersion checks by result (unchanged, rewritten, deleted, waiting, would_rewrite, would_delete, gone, error, cancelled)",
+            m.checks.clone(),
+        );
+        r.register(
+            "lease_checks",
+            "Identity lease deletions (and expiries) followed up, by what the live GET found (present, absent, error)",
+            m.lease_checks.clone(),
+        );
+        r.register(
+            "dry_run_changes",
+            "Changes --gc-dry-run did not make (result=rewrite, delete)",
+            m.dry_run_changes.clone(),
+        );
+        r.register(
+            "lease_events",
+            "Identity lease watch events the leader saw: deleted, vanished (gone at a relist), listed (a full list)",
+            m.lease_events.clone(),
+        );
+        m
+    }
+
+    pub fn lease_event(&self, event: &'static str) {
+        self.lease_events
+            .get_or_create(&EventLabels { event })
+            .inc();
+    }
+
+    pub fn error(&self, operation: &'static str) {
+        self.errors
+            .get_or_create(&OperationLabels { operation })
+            .inc();
+    }
+
+    pub fn check(&self, result: &'static str) {
+        self.checks.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    pub fn lease_check(&self, result: &'static str) {
+        self.lease_checks
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    pub fn write(&self, operation: &'static str, result: &'static str) {
+        self.writes
+            .get_or_create(&WriteLabels { operation, result })
+            .inc();
+    }
+}

@@ -1,0 +1,164 @@
+//! The StorageVersion garbage collector (design §5): upstream's `storage-version-gc` behaviour
+//! (spec §5) plus a deletion grace with a re-check before every write, no removal on transient
+//! errors, delete preconditions, sweeps, bounded concurrency, optional expired-lease grace,
+//! dry-run, Events and metrics. Only the replica holding the leader Lease collects.
+//!
+//! - [`args`]: flags ([`GcArgs`]), flattened into `serve`.
+//! - [`plan`]: pure decisions (lease judgement, what to remove, the rewritten status).
+//! - [`collector`]: the work of one leadership term (watches, queue, sweeps, writes).
+//! - [`leader`]: leader election with `kube-lease-manager`, fenced and released on shutdown.
+//!
+//! Wiring into `serve`:
+//! ```ignore
+//! let gc = gc::spawn(client.clone(), args.gc.clone(), &mut registry)?;
+//! // ... serve admission until SIGTERM, drain ...
+//! gc.shutdown().await; // stops collecting and releases the leader Lease
+//! ```
+
+pub mod args;
+pub mod collector;
+pub mod leader;
+pub mod metrics;
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+pub use args::GcArgs;
+pub use collector::{Collector, CollectorConfig};
+pub use leader::LeaderConfig;
+pub use metrics::GcMetrics;
+
+/// How long [`GcHandle::shutdown`] waits for the collector to stop and the Lease to be released.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A running (or disabled) garbage collector. Dropping it stops collection without releasing
+/// the leader Lease; call [`GcHandle::shutdown`] to release it for a fast hand-over.
+pub struct GcHandle {
+    shutdown: CancellationToken,
+    task: Option<tokio::task::JoinHandle<()>>,
+    leading: watch::Receiver<bool>,
+    identity: Option<String>,
+}
+
+/// Starts the garbage collector in the background (if `args` enable it) and registers its
+/// metrics in `registry` (also when disabled, so dashboards see `leader 0`). Must be called
+/// inside a Tokio runtime. Fails only on invalid flag combinations.
+pub fn spawn(
+    client: kube::Client,
+    args: GcArgs,
+    registry: &mut Registry,
+) -> anyhow::Result<GcHandle> {
+    let metrics = GcMetrics::register(registry);
+    if !args.enabled() {
+        tracing::info!("garbage collector disabled (--no-gc)");
+        return Ok(GcHandle::disabled());
+    }
+    args.validate().map_err(|e| anyhow::anyhow!(e))?;
+    let identity = args.identity();
+    let leader = LeaderConfig {
+        lease_name: args.gc_leader_lease_name.clone(),
+        namespace: args.leader_lease_namespace(),
+        identity: identity.clone(),
+        duration: args.gc_leader_lease_duration,
+        grace: args.gc_leader_lease_grace,
+    };
+    let cfg = CollectorConfig {
+        deletion_grace: args.gc_lease_deletion_grace,
+        resync_interval: args.gc_resync_interval,
+        concurrency: usize::from(args.gc_concurrency),
+        expired_grace: args.gc_expired_lease_grace,
+        dry_run: args.gc_dry_run,
+    };
+    tracing::info!(
+        identity = %identity,
+        leader_lease = %format!("{}/{}", leader.namespace, leader.lease_name),
+        deletion_grace = ?cfg.deletion_grace,
+        resync_interval = ?cfg.resync_interval,
+        concurrency = cfg.concurrency,
+        expired_lease_grace = ?cfg.expired_grace,
+        dry_run = cfg.dry_run,
+        "garbage collector starting"
+    );
+    let collector = Arc::new(Collector::new(
+        client.clone(),
+        cfg,
+        metrics.clone(),
+        &identity,
+    ));
+    let shutdown = CancellationToken::new();
+    let (leading_tx, leading) = watch::channel(false);
+    let task = tokio::spawn(leader::run(
+        client,
+        leader,
+        metrics,
+        shutdown.clone(),
+        leading_tx,
+        move |term| Arc::clone(&collector).lead(term),
+    ));
+    Ok(GcHandle {
+        shutdown,
+        task: Some(task),
+        leading,
+        identity: Some(identity),
+    })
+}
+
+impl GcHandle {
+    /// A handle for `--no-gc`: never leads; shutdown returns at once.
+    pub fn disabled() -> GcHandle {
+        let (_, leading) = watch::channel(false);
+        GcHandle {
+            shutdown: CancellationToken::new(),
+            task: None,
+            leading,
+            identity: None,
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.task.is_some()
+    }
+
+    /// True while this replica holds the leader Lease and collects.
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// This replica's identity in the leader Lease (None when disabled).
+    pub fn identity(&self) -> Option<&str> {
+        self.identity.as_deref()
+    }
+
+    /// A receiver that follows [`GcHandle::is_leading`].
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    /// Stops collecting at once and releases the leader Lease (bounded in time), so another
+    /// replica takes over without waiting for the Lease to expire.
+    pub fn shutdown(mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.shutdown.cancel();
+        let task = self.task.take();
+        async move {
+            let Some(mut task) = task else { return };
+            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("garbage collector did not stop within {SHUTDOWN_TIMEOUT:?}");
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for GcHandle {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
