@@ -2,6 +2,7 @@
 //! for `internal.apiserver.k8s.io/v1alpha1` StorageVersion objects.
 
 pub mod admission;
+pub mod audit;
 pub mod check;
 pub mod gc;
 pub mod kubeclient;

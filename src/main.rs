@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use storageversion_webhook::{check, logging, server};
+use storageversion_webhook::{audit, check, logging, server};
 
 /// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
 #[derive(Parser, Debug)]
@@ -20,12 +20,15 @@ enum Command {
     Serve(Box<server::ServeArgs>),
     /// Check StorageVersion objects or AdmissionReviews in files against the rules, offline.
     Check(check::CheckArgs),
+    /// Report stale entries and rule violations in a live cluster, and what GC would do (read-only).
+    Audit(audit::AuditArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => check::run(args),
+        Command::Audit(args) => audit::run(args),
         Command::Serve(args) => {
             if let Err(e) = logging::init(&cli.log) {
                 eprintln!("error: {e:#}");
