@@ -583,3 +583,5 @@ impl Webhook {
         }
     }
 }
+
+pub mod gc;
