@@ -860,7 +860,7 @@ async fn coexists_with_kube_controller_manager_gc() {
         .filter(|s| s.entry(&own).is_some())
         .map(|s| s.name().to_string())
         .collect();
-    cp.run(&["kcm-start", "--controllers=storage-version-gc"]);
+    kcm_start(&cp, &["--controllers=storage-version-gc"]);
 
     let mut args = test_gc_args("svw-gc-kcm");
     args.gc_resync_interval = Duration::from_secs(2);
@@ -874,6 +874,11 @@ async fn coexists_with_kube_controller_manager_gc() {
         assert_eq!(
             sv.status.common_encoding_version.as_deref(),
             Some(want.as_str())
+        );
+        let c = the_condition(&sv);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "CommonEncodingVersionSet")
         );
     }
     // Our GC followed the deletion up too; then nothing moves any more.
@@ -890,7 +895,7 @@ async fn coexists_with_kube_controller_manager_gc() {
         .await;
     let later = rvs(all_svs(&cp).await.expect("list"));
     assert_eq!(settled, later, "objects kept changing: a write loop");
-    let writes = gc.metric("writes_total", &[]);
+    let writes = gc.metric("writes_total", &[]) + 0.0;
     eprintln!(
         "our GC's writes beside kube-controller-manager: {writes}\n{}",
         gc.metrics()
