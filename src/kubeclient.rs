@@ -8,7 +8,7 @@ use anyhow::Context;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// A client for the cluster of `kubeconfig` (a file path), or, when `None`, of the in-cluster
-/// service account, falling back to the usual kubeconfig lookup.
+/// service account, falling back to the usual kubeconfig lookup (`$KUBECONFIG`, `~/.kube/config`).
 pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
     let mut config = match kubeconfig {
         Some(path) => {
@@ -18,9 +18,16 @@ pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
                 .await
                 .with_context(|| format!("kubeconfig {} is not usable", path.display()))?
         }
-        None => kube::Config::infer().await.context(
-            "no cluster configuration: not in a pod with a service account, and no usable kubeconfig (pass --kubeconfig)",
-        )?,
+        None => match kube::Config::incluster() {
+            Ok(config) => config,
+            Err(in_cluster) => kube::Config::from_kubeconfig(&KubeConfigOptions::default())
+                .await
+                .map_err(|kubeconfig| {
+                    anyhow::anyhow!(
+                        "no cluster configuration: not in a pod ({in_cluster}) and no usable kubeconfig ({kubeconfig}); pass --kubeconfig"
+                    )
+                })?,
+        },
     };
     config.connect_timeout = Some(Duration::from_secs(5));
     config.read_timeout = Some(Duration::from_secs(30));

@@ -80,6 +80,9 @@ pub struct ServeArgs {
     /// How long the lease watch may be broken before the lease view stops reporting ready.
     #[arg(long, env = "SVW_LEASE_VIEW_MAX_STALENESS", default_value = "60s", value_parser = parse_positive_duration)]
     pub lease_view_max_staleness: Duration,
+
+    #[command(flatten)]
+    pub gc: crate::gc::GcArgs,
 }
 
 /// TLS settings of the admission listener.

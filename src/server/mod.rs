@@ -24,9 +24,10 @@ use axum::Router;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
-use crate::leases::LeaseView;
+use crate::leases::{KubeLeaseView, LeaseView};
 use crate::metrics::Metrics;
 
 pub use admin::{Health, Readiness, ReadyFlag};
@@ -226,43 +227,51 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// `storageversion-webhook serve`: the cluster lease view, both listeners, and graceful shutdown
-/// on SIGTERM/SIGINT.
+/// `storageversion-webhook serve`: the cluster lease view, the garbage collector (when enabled),
+/// both listeners, and graceful shutdown on SIGTERM/SIGINT: `/readyz` fails, in-flight reviews
+/// finish, and the collector stops and releases its leader Lease at once so another replica
+/// takes over without waiting for expiry.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
-    let (leases, readiness) = cluster_lease_view(&args, &metrics).await?;
+    let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
+    let view = KubeLeaseView::spawn(
+        client.clone(),
+        metrics.clone(),
+        args.lease_view_max_staleness,
+    );
+    let ready = Arc::clone(&view);
+    let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());
+    let gc = crate::gc::spawn(client, args.gc.clone(), &mut registry)?;
     let server = Server::bind(
         ServerConfig::from(&args),
         Deps {
-            leases,
+            leases: view,
             readiness,
             metrics,
             registry: Arc::new(registry),
         },
     )
     .await?;
-    server.serve(shutdown::signal()).await
-}
 
-/// The watch-backed lease view of the cluster and its readiness.
-///
-/// TODO(lead): wire the cluster lease view once `crate::kubeclient` and
-/// `crate::leases::KubeLeaseView` exist:
-/// ```ignore
-/// let client = crate::kubeclient::client(args.kubeconfig.as_deref())?;
-/// let view = crate::leases::KubeLeaseView::spawn(
-///     client,
-///     metrics.clone(),
-///     args.lease_view_max_staleness,
-/// );
-/// let ready = Arc::clone(&view);
-/// Ok((view, Arc::new(move || ready.is_ready())))
-/// ```
-async fn cluster_lease_view(
-    args: &ServeArgs,
-    _metrics: &Metrics,
-) -> anyhow::Result<(Arc<dyn LeaseView>, Arc<dyn Readiness>)> {
-    let _ = (&args.kubeconfig, args.lease_view_max_staleness);
-    anyhow::bail!("cluster lease view not wired yet")
+    let stop = CancellationToken::new();
+    let signals = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            shutdown::signal().await;
+            stop.cancel();
+        })
+    };
+    let gc_stopped = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            gc.shutdown().await;
+        })
+    };
+    let served = server.serve(stop.clone().cancelled_owned()).await;
+    stop.cancel();
+    signals.abort();
+    let _ = gc_stopped.await;
+    served
 }

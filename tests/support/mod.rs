@@ -297,11 +297,12 @@ impl Drop for Webhook {
     }
 }
 
-/// Parses the start-up log line `{"message":"serving", "admission":"ip:port", "admin":"ip:port"}`.
+/// Parses the start-up log line `{"message":"serving admission reviews", "listen":"ip:port",
+/// "admin_listen":"ip:port", ...}`.
 fn listening_addrs(line: &str) -> Option<(SocketAddr, SocketAddr)> {
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    let addr = v.get("admission")?.as_str()?.parse().ok()?;
-    let admin = v.get("admin")?.as_str()?.parse().ok()?;
+    let addr = v.get("listen")?.as_str()?.parse().ok()?;
+    let admin = v.get("admin_listen")?.as_str()?.parse().ok()?;
     Some((addr, admin))
 }
 
