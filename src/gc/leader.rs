@@ -510,3 +510,44 @@ fn instant_of(at: Timestamp) -> Instant {
         now + Duration::try_from(ahead).unwrap_or(Duration::ZERO)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(holder: Option<&str>, renewed_ago_s: i64, duration: Option<i32>) -> Lease {
+        let renew = Timestamp::now()
+            .checked_sub(SignedDuration::from_secs(renewed_ago_s))
+            .unwrap();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "l", "namespace": "default"},
+            "spec": {
+                "holderIdentity": holder,
+                "renewTime": renew.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(),
+                "leaseDurationSeconds": duration,
+            }
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn observing_the_leader_lease() {
+        let o = observed(&lease(Some("me"), 5, Some(15)));
+        assert!(o.seen);
+        assert_eq!(o.holder.as_deref(), Some("me"));
+        let left = o.expiry.unwrap().saturating_duration_since(Instant::now());
+        assert!(
+            left > Duration::from_secs(8) && left <= Duration::from_secs(10),
+            "{left:?}"
+        );
+
+        // Expired a while ago: an instant in the past.
+        let o = observed(&lease(Some("me"), 60, Some(15)));
+        assert!(o.expiry.unwrap() <= Instant::now());
+
+        // Released: no holder (an empty holder counts as none), no expiry without a duration.
+        let o = observed(&lease(Some(""), 1, None));
+        assert_eq!(o.holder, None);
+        assert_eq!(o.expiry, None);
+    }
+}
