@@ -38,7 +38,8 @@ const JSON: HeaderValue = HeaderValue::from_static("application/json");
 const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 async fn validate(State(v): State<Arc<Validate>>, req: Request) -> Response {
-    let body = match read_body(req, v.max_request_bytes).await {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, read_body(req, v.max_request_bytes));
+    let body = match read.await.unwrap_or(Err(Rejected::TimedOut)) {
         Ok(body) => body,
         Err(rejected) => {
             v.metrics
@@ -83,6 +84,7 @@ async fn method_not_allowed(State(v): State<Arc<Validate>>, method: Method) -> R
 enum Rejected {
     TooLarge,
     Unreadable(String),
+    TimedOut,
 }
 
 impl Rejected {
@@ -90,6 +92,7 @@ impl Rejected {
         match self {
             Rejected::TooLarge => "too_large",
             Rejected::Unreadable(_) => "body_unreadable",
+            Rejected::TimedOut => "body_timeout",
         }
     }
 
@@ -103,10 +106,21 @@ impl Rejected {
                 StatusCode::BAD_REQUEST,
                 format!("cannot read the request body: {e}\n"),
             ),
+            Rejected::TimedOut => (
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {}s\n",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            ),
         };
         (status, [(header::CONTENT_TYPE, TEXT)], message).into_response()
     }
 }
+
+/// Longest time a request body may take to arrive: kube-apiserver gives up on a webhook call
+/// after at most 30 s anyway.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest time spent discarding the rest of an oversized body.
 const DRAIN_TIME: Duration = Duration::from_secs(5);
@@ -120,10 +134,14 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, Rejected> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    // A client waiting for "100 Continue" has not sent the body: answer without asking for it.
+    let waits_to_send = req.headers().contains_key(header::EXPECT);
     let mut stream = Body::into_data_stream(req.into_body());
     if let Some(n) = declared {
         if n > limit as u64 {
-            drain(&mut stream, limit).await;
+            if !waits_to_send {
+                drain(&mut stream, limit).await;
+            }
             return Err(Rejected::TooLarge);
         }
     }
