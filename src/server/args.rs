@@ -50,9 +50,12 @@ pub struct ServeArgs {
           value_parser = parse_max_bytes)]
     pub max_request_bytes: usize,
 
-    /// Longest wait for a request's headers (HTTP/1.1). This also bounds how long an idle
-    /// keep-alive connection is kept open.
-    #[arg(long, env = "SVW_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    /// Longest wait for a request's headers (HTTP/1.1), so a slow client cannot hold a
+    /// connection forever. hyper also applies it to an idle keep-alive connection waiting for its
+    /// next request, so the default is longer than kube-apiserver's 90 s idle-connection timeout:
+    /// the client, not the server, closes idle connections, and a request is never sent on a
+    /// connection the server is closing.
+    #[arg(long, env = "SVW_HEADER_READ_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
 
     /// On SIGTERM/SIGINT: how long to keep serving after /readyz turns 503, before the listener
@@ -127,7 +130,7 @@ impl ServerConfig {
                 handshake_timeout: Duration::from_secs(10),
             },
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-            header_read_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(120),
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
             enforcement: Enforcement::Deny,
