@@ -228,9 +228,11 @@ async fn watch(view: Arc<KubeLeaseView>) {
     }
 }
 
-/// Keeps the staleness gauge current, also when no event arrives.
+/// Keeps the staleness gauge current, also when no event arrives, and says once when the watch
+/// has been broken for longer than the bound (and once when it recovers).
 async fn report_staleness(view: std::sync::Weak<KubeLeaseView>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut was_stale = false;
     loop {
         tick.tick().await;
         let Some(view) = view.upgrade() else { return };
@@ -238,11 +240,15 @@ async fn report_staleness(view: std::sync::Weak<KubeLeaseView>) {
         view.metrics
             .lease_view_staleness_seconds
             .set(stale.as_secs_f64());
-        if stale > view.max_staleness {
-            tracing::warn!(
+        let is_stale = stale > view.max_staleness;
+        if is_stale && !was_stale {
+            tracing::error!(
                 stale_seconds = stale.as_secs(),
-                "identity lease watch broken for longer than --lease-view-max-staleness; not ready"
+                "identity lease watch broken for longer than --lease-view-max-staleness; /readyz fails until it recovers"
             );
+        } else if !is_stale && was_stale {
+            tracing::info!("identity lease watch recovered");
         }
+        was_stale = is_stale;
     }
 }

@@ -76,7 +76,8 @@ pub struct ServeArgs {
     #[arg(long, env = "SVW_LEASE_SKEW_ALLOWANCE", default_value = "30s", value_parser = parse_duration)]
     pub lease_skew_allowance: Duration,
 
-    /// kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the in-cluster configuration.
+    /// kubeconfig file; without it, the in-cluster service account, then $KUBECONFIG or
+    /// ~/.kube/config.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 
