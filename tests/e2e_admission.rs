@@ -1,5 +1,7 @@
 //! End-to-end proof of the admission webhook through a real kube-apiserver (issue 3). Each test
-//! starts its own control plane (tests/controlplane/run) and the real `serve` process.
+//! starts its own control plane (tests/controlplane/run) and the real `serve` process. Tests that
+//! store stale entries on purpose run `serve --no-gc`, so the garbage collector (proven in
+//! e2e_gc.rs) cannot change what they look at.
 //!
 //! Run one alone: `cargo test --test e2e_admission -- own_writes_are_admitted --nocapture`.
 
@@ -144,7 +146,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &[]).await;
+    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
@@ -228,7 +230,7 @@ async fn lease_created_just_before_the_write_is_honoured() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &[]).await;
+    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
     let leases = leases(&cp);
     for i in 0..10 {
@@ -270,12 +272,17 @@ async fn lease_created_just_before_the_write_is_honoured() {
     let mut registry = prometheus_client::registry::Registry::default();
     let view_metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
     let view = KubeLeaseView::spawn(cp.client.clone(), view_metrics, Duration::from_secs(60));
-    poll_until(Duration::from_secs(30), "lease view to sync", || async { view.is_ready() })
-        .await
-        .expect("sync");
+    poll_until(Duration::from_secs(30), "lease view to sync", || async {
+        view.is_ready()
+    })
+    .await
+    .expect("sync");
     let id = "apiserver-e2einstant0000000000000";
     leases
-        .create(&PostParams::default(), &identity_lease(id, None, Duration::ZERO))
+        .create(
+            &PostParams::default(),
+            &identity_lease(id, None, Duration::ZERO),
+        )
         .await
         .expect("lease");
     let found = view.lookup(id).await;
@@ -320,7 +327,7 @@ async fn unchanged_stale_entry_only_warns() {
         .await
         .expect("seed");
 
-    let hook = Webhook::start(&cp, &certs, &[]).await;
+    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
 
     let v2 = format!("{GROUP}/v2");
@@ -369,7 +376,7 @@ async fn beyond_upstream_rules_deny() {
         .await
         .expect("lease");
     create_sv(&cp, SV_NAME).await;
-    let hook = Webhook::start(&cp, &certs, &[]).await;
+    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
 
     // First show upstream accepts each of them (no webhook registered yet), then that we deny.
     let cases: Vec<(&str, serde_json::Value)> = vec![
@@ -418,7 +425,7 @@ async fn warn_mode_admits_with_a_warning() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=warn"]).await;
+    let hook = Webhook::start(&cp, &certs, &["--enforcement=warn", "--no-gc"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
@@ -451,7 +458,7 @@ async fn webhook_down_with_ignore_does_not_block_restart() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
-    let mut hook = Webhook::start(&cp, &certs, &[]).await;
+    let mut hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Ignore").await;
 
     let (up_took, up_written) = restart_and_rewrite(&cp).await;

@@ -257,28 +257,9 @@ pub fn init_test_logs() {
         .try_init();
 }
 
-/// `tests/controlplane/run kcm-start <args>`, tried up to three times: the script checks that
-/// the process is alive right after starting it, and can catch it before it has exec'd (the
-/// check matches the state dir in /proc/PID/cmdline), reporting a false "exited during start-up".
+/// `tests/controlplane/run kcm-start <args>`: kube-controller-manager against `cp`.
 pub fn kcm_start(cp: &ControlPlane, args: &[&str]) {
-    let mut last = String::new();
-    for _ in 0..3 {
-        let out = std::process::Command::new(super::repo_root().join("tests/controlplane/run"))
-            .arg("kcm-start")
-            .args(args)
-            .env("SVW_CP_DIR", cp.state_dir())
-            .env("SVW_CP_OWNER_PID", std::process::id().to_string())
-            .output()
-            .expect("tests/controlplane/run can be started");
-        if out.status.success() {
-            return;
-        }
-        last = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cp.run(&["kcm-stop"]);
-    }
-    panic!("kcm-start failed three times:\n{last}");
+    let mut all = vec!["kcm-start"];
+    all.extend_from_slice(args);
+    cp.run(&all);
 }
