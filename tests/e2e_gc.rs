@@ -586,6 +586,13 @@ async fn startup_sweep_cleans_leases_deleted_while_no_gc_ran() {
     );
     assert_eq!(gc.metric("writes_total", &["result=\"ok\""]), N as f64);
     assert_eq!(gc.metric("entries_removed_total", &[]), N as f64);
+    // Concurrent, and within the bound.
+    let peak = gc.metric("in_flight_peak", &[]);
+    eprintln!("peak StorageVersions in flight: {peak} (--gc-concurrency 4)");
+    assert!(
+        (2.0..=4.0).contains(&peak),
+        "peak in flight {peak}, want 2..=4"
+    );
     gc.stop().await;
 }
 

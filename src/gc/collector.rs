@@ -615,6 +615,7 @@ impl Term {
         let Some(Ok(_permit)) = self.cancellable(self.workers.acquire()).await else {
             return Outcome::Cancelled;
         };
+        let _in_flight = super::metrics::InFlight::start(&self.c.metrics);
         let object_lock = self.object_lock(name);
         let Some(_guard) = self.cancellable(object_lock.lock()).await else {
             return Outcome::Cancelled;

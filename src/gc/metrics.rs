@@ -46,6 +46,10 @@ pub struct GcMetrics {
     pub lease_checks: Family<ResultLabels, Counter>,
     pub dry_run_changes: Family<ResultLabels, Counter>,
     pub lease_events: Family<EventLabels, Counter>,
+    /// StorageVersions being checked or written right now.
+    pub in_flight: Gauge,
+    /// The most StorageVersions ever checked or written at once (bounded by `--gc-concurrency`).
+    pub in_flight_peak: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,8 +78,20 @@ impl GcMetrics {
             lease_checks: Family::default(),
             dry_run_changes: Family::default(),
             lease_events: Family::default(),
+            in_flight: Gauge::default(),
+            in_flight_peak: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("storageversion_webhook_gc");
+        r.register(
+            "in_flight",
+            "StorageVersions being checked or written right now",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "in_flight_peak",
+            "The most StorageVersions checked or written at once since start (at most --gc-concurrency)",
+            m.in_flight_peak.clone(),
+        );
         r.register(
             "entries_removed",
             "StorageVersion entries removed, by why their apiserver counts as gone",
@@ -161,5 +177,25 @@ impl GcMetrics {
         self.writes
             .get_or_create(&WriteLabels { operation, result })
             .inc();
+    }
+}
+
+/// Counts one StorageVersion in flight while it lives (see [`GcMetrics::in_flight`]).
+pub struct InFlight(Gauge);
+
+impl InFlight {
+    pub fn start(metrics: &GcMetrics) -> InFlight {
+        let now = metrics.in_flight.inc() + 1;
+        metrics
+            .in_flight_peak
+            .inner()
+            .fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+        InFlight(metrics.in_flight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
