@@ -625,9 +625,9 @@ fn default_render_is_hardened_and_least_privilege() {
             "",
             json!([
                 {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"],
-                 "verbs": ["get", "list", "watch", "update", "patch", "delete"]},
+                 "verbs": ["get", "list", "watch", "delete"]},
                 {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions/status"],
-                 "verbs": ["get", "update", "patch"]},
+                 "verbs": ["update"]},
             ]),
         ),
         (
@@ -1164,11 +1164,8 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("get", "leases/apiserver-any", &["-n", "kube-system"]),
         ("list", sv, &[]),
         ("watch", sv, &[]),
-        ("update", sv, &[]),
-        ("patch", sv, &[]),
         ("delete", sv, &[]),
         ("update", sv, &["--subresource=status"]),
-        ("patch", sv, &["--subresource=status"]),
         ("get", &leader, &["-n", NS]),
         ("patch", &leader, &["-n", NS]),
         ("create", "leases", &["-n", NS]),
@@ -1187,8 +1184,12 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("patch", "leases/some-other-lease", &["-n", NS]),
         ("delete", &leader, &["-n", NS]),
         ("list", "leases", &["--all-namespaces"]),
-        // The collector never creates StorageVersions nor deletes them wholesale.
+        // The collector never creates StorageVersions, changes them other than through /status,
+        // patches status, or deletes them wholesale.
         ("create", sv, &[]),
+        ("update", sv, &[]),
+        ("patch", sv, &[]),
+        ("patch", sv, &["--subresource=status"]),
         ("deletecollection", sv, &[]),
         // Events only where events about cluster-scoped objects go.
         ("create", "events", &["-n", "kube-system"]),
