@@ -191,48 +191,28 @@ pub struct Webhook {
 impl Webhook {
     /// Starts `serve` on loopback with ephemeral ports against `cp` and waits for /readyz.
     pub async fn start(cp: &ControlPlane, certs: &Certs, extra: &[&str]) -> Webhook {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_storageversion-webhook"));
-        cmd.args(["--log-format", "json", "--log-level", "info", "serve"])
-            .arg("--listen=127.0.0.1:0")
-            .arg("--admin-listen=127.0.0.1:0")
-            .arg("--tls-cert-file")
-            .arg(&certs.cert_file)
-            .arg("--tls-key-file")
-            .arg(&certs.key_file)
-            .arg("--kubeconfig")
-            .arg(&cp.kubeconfig)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("start storageversion-webhook serve");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        {
-            let logs = Arc::clone(&logs);
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if let Some(addrs) = listening_addrs(&line) {
-                        let _ = tx.send(addrs);
-                    }
-                    logs.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-                }
-            });
+        let mut args: Vec<String> = [
+            "--log-format",
+            "json",
+            "--log-level",
+            "info",
+            "serve",
+            "--listen=127.0.0.1:0",
+            "--admin-listen=127.0.0.1:0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for (flag, path) in [
+            ("--tls-cert-file", &certs.cert_file),
+            ("--tls-key-file", &certs.key_file),
+            ("--kubeconfig", &cp.kubeconfig),
+        ] {
+            args.push(flag.to_string());
+            args.push(path.display().to_string());
         }
-        let (addr, admin) = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| {
-                panic!(
-                    "serve did not report its listen addresses within 30 s; logs:\n{}",
-                    logs.lock().unwrap_or_else(|e| e.into_inner()).join("\n")
-                )
-            });
-        let hook = Webhook {
-            child,
-            addr,
-            admin,
-            logs,
-        };
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let hook = Webhook::spawn(&args, &[]);
         hook.wait_ready(Duration::from_secs(60)).await;
         hook
     }
