@@ -24,6 +24,7 @@ use tokio_util::task::TaskTracker;
 
 use super::metrics::{GcMetrics, ReasonLabels, ResultLabels};
 use super::plan::{self, LeaseState, Plan, Reason, Removal};
+use crate::leases::{LeaseChange, LeaseSet};
 use crate::model::{
     LeaseLookup, LeaseRecord, StorageVersion, API_VERSION, IDENTITY_LABEL_KEY,
     IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE, KIND,
@@ -90,7 +91,7 @@ impl Collector {
             token: token.clone(),
             tasks: TaskTracker::new(),
             absent_since: Mutex::new(HashMap::new()),
-            cache: Mutex::new(LeaseCache::default()),
+            cache: Mutex::new(LeaseSet::default()),
             synced: Notify::new(),
             queued: Mutex::new(HashSet::new()),
             queue: tx,
@@ -112,13 +113,6 @@ impl Collector {
     }
 }
 
-#[derive(Default)]
-struct LeaseCache {
-    synced: bool,
-    leases: HashMap<String, LeaseRecord>,
-    relist: Option<HashMap<String, LeaseRecord>>,
-}
-
 /// What one term knows and runs.
 struct Term {
     c: Arc<Collector>,
@@ -128,7 +122,7 @@ struct Term {
     absent_since: Mutex<HashMap<String, Instant>>,
     /// Identity leases from the watch: only decides which objects to look at, never what to
     /// remove (that takes live GETs).
-    cache: Mutex<LeaseCache>,
+    cache: Mutex<LeaseSet>,
     synced: Notify,
     queued: Mutex<HashSet<String>>,
     queue: mpsc::UnboundedSender<String>,
@@ -262,62 +256,24 @@ impl Term {
     }
 
     fn lease_event(self: &Arc<Self>, event: watcher::Event<Lease>) {
-        match event {
-            watcher::Event::Init => lock(&self.cache).relist = Some(HashMap::new()),
-            watcher::Event::InitApply(lease) => {
-                let r = LeaseRecord::from_lease(&lease);
-                let mut cache = lock(&self.cache);
-                match cache.relist.as_mut() {
-                    Some(relist) => {
-                        relist.insert(r.name.clone(), r);
-                    }
-                    None => {
-                        cache.leases.insert(r.name.clone(), r);
-                    }
-                }
-            }
-            watcher::Event::InitDone => {
-                let (vanished, present): (Vec<String>, Vec<String>) = {
-                    let mut cache = lock(&self.cache);
-                    let new = cache.relist.take().unwrap_or_default();
-                    let old = std::mem::replace(&mut cache.leases, new);
-                    let was_synced = cache.synced;
-                    cache.synced = true;
-                    // Leases that disappeared while the watch was down: the watch never sent
-                    // their deletion (upstream's tombstone case). Only meaningful on a relist.
-                    let vanished = if was_synced {
-                        old.keys()
-                            .filter(|k| !cache.leases.contains_key(*k))
-                            .cloned()
-                            .collect()
-                    } else {
-                        Vec::new()
-                    };
-                    (vanished, cache.leases.keys().cloned().collect())
-                };
+        let change = lock(&self.cache).apply(event);
+        match change {
+            LeaseChange::None => {}
+            LeaseChange::Listed { vanished } => {
+                let present: Vec<String> = lock(&self.cache).names().map(String::from).collect();
                 self.c.metrics.lease_event("listed");
                 for name in present {
                     self.lease_present(&name);
                 }
+                // Deleted while the watch was down: upstream's tombstone case.
                 for name in vanished {
                     self.lease_gone(name, "vanished");
                 }
                 self.synced.notify_waiters();
             }
-            watcher::Event::Apply(lease) => {
-                let r = LeaseRecord::from_lease(&lease);
-                let name = r.name.clone();
-                lock(&self.cache).leases.insert(name.clone(), r);
-                self.lease_present(&name);
-            }
-            watcher::Event::Delete(lease) => {
-                // Deleted, or no longer carries the identity label (the selector drops it).
-                let Some(name) = lease.metadata.name.clone() else {
-                    return;
-                };
-                lock(&self.cache).leases.remove(&name);
-                self.lease_gone(name, "deleted");
-            }
+            LeaseChange::Applied(name) => self.lease_present(&name),
+            // Deleted, or no longer carries the identity label (the selector drops it).
+            LeaseChange::Deleted(name) => self.lease_gone(name, "deleted"),
         }
     }
 
@@ -432,8 +388,7 @@ impl Term {
                 let cache = lock(&self.cache);
                 let handled = lock(&self.expiry_handled);
                 cache
-                    .leases
-                    .values()
+                    .records()
                     .filter(|r| !handled.contains(&r.name))
                     .filter(|r| plan::judge_record(r, now, Some(grace)).is_gone())
                     .map(|r| r.name.clone())
@@ -490,13 +445,13 @@ impl Term {
     /// cache. Before the cache has listed, nothing is (the first sweep covers that time).
     fn suspicious(&self, sv: &StorageVersion) -> bool {
         let cache = lock(&self.cache);
-        if !cache.synced {
+        if !cache.is_synced() {
             return false;
         }
         let now = Timestamp::now();
         plan::entry_ids(sv)
             .into_iter()
-            .any(|id| match cache.leases.get(id) {
+            .any(|id| match cache.get(id) {
                 None => true,
                 Some(r) => plan::judge_record(r, now, self.c.cfg.expired_grace).is_gone(),
             })
@@ -505,7 +460,7 @@ impl Term {
     /// Sweeps on gaining leadership and then every resync interval.
     async fn sweeper(self: Arc<Self>) {
         // Wait (bounded) for the lease watch's first list, so that events and sweep agree.
-        let synced = lock(&self.cache).synced;
+        let synced = lock(&self.cache).is_synced();
         if !synced {
             let wait = tokio::time::timeout(SYNC_WAIT, self.synced.notified());
             if self.cancellable(wait).await.is_none() {

@@ -7,7 +7,6 @@
 //! - Readiness waits for the first full list; if the watch has been broken for longer than
 //!   `max_staleness`, the view reports not ready and the staleness metric says how long.
 
-use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -18,7 +17,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 
-use super::LeaseView;
+use super::{LeaseSet, LeaseView};
 use crate::metrics::{Metrics, ResultLabels};
 use crate::model::{
     LeaseLookup, LeaseRecord, IDENTITY_LABEL_KEY, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
@@ -36,10 +35,7 @@ pub struct KubeLeaseView {
 
 #[derive(Default)]
 struct State {
-    leases: HashMap<String, LeaseRecord>,
-    /// Leases being listed after an `Init`, swapped in at `InitDone`.
-    relist: Option<HashMap<String, LeaseRecord>>,
-    synced: bool,
+    leases: LeaseSet,
     /// Since when the watch has been failing, if it is.
     broken_since: Option<Instant>,
 }
@@ -62,7 +58,7 @@ impl KubeLeaseView {
     /// the staleness bound.
     pub fn is_ready(&self) -> bool {
         let state = self.read_state();
-        state.synced && staleness(&state) <= self.max_staleness
+        state.leases.is_synced() && staleness(&state) <= self.max_staleness
     }
 
     /// Number of identity leases in the cache.
@@ -87,42 +83,17 @@ impl KubeLeaseView {
     fn apply(&self, event: watcher::Event<Lease>) {
         let mut state = self.write_state();
         state.broken_since = None;
-        match event {
-            watcher::Event::Init => state.relist = Some(HashMap::new()),
-            watcher::Event::InitApply(lease) => {
-                let record = LeaseRecord::from_lease(&lease);
-                match state.relist.as_mut() {
-                    Some(relist) => {
-                        relist.insert(record.name.clone(), record);
-                    }
-                    None => {
-                        state.leases.insert(record.name.clone(), record);
-                    }
-                }
-            }
-            watcher::Event::InitDone => {
-                if let Some(relist) = state.relist.take() {
-                    state.leases = relist;
-                }
-                if !state.synced {
-                    tracing::info!(leases = state.leases.len(), "lease view synced");
-                }
-                state.synced = true;
-            }
-            watcher::Event::Apply(lease) => {
-                let record = LeaseRecord::from_lease(&lease);
-                state.leases.insert(record.name.clone(), record);
-            }
-            watcher::Event::Delete(lease) => {
-                if let Some(name) = lease.metadata.name.as_deref() {
-                    state.leases.remove(name);
-                }
-            }
+        let was_synced = state.leases.is_synced();
+        state.leases.apply(event);
+        if !was_synced && state.leases.is_synced() {
+            tracing::info!(leases = state.leases.len(), "lease view synced");
         }
         self.metrics
             .lease_view_leases
             .set(state.leases.len() as i64);
-        self.metrics.lease_view_synced.set(i64::from(state.synced));
+        self.metrics
+            .lease_view_synced
+            .set(i64::from(state.leases.is_synced()));
     }
 
     fn watch_failed(&self, error: &watcher::Error) {
@@ -136,7 +107,7 @@ impl KubeLeaseView {
     /// The cached lease `id`, once the view has synced. No API call.
     pub fn cached(&self, id: &str) -> Option<LeaseRecord> {
         let state = self.read_state();
-        if !state.synced {
+        if !state.leases.is_synced() {
             return None;
         }
         state.leases.get(id).cloned()

@@ -45,4 +45,6 @@ impl LeaseView for StaticLeases {
 }
 
 mod kube_view;
+mod set;
 pub use kube_view::KubeLeaseView;
+pub use set::{LeaseChange, LeaseSet};
