@@ -1,0 +1,113 @@
+//! Criterion micro-benchmarks of the admission rules (issue: "Rules alone"), on the realistic
+//! `/status` UPDATE of `apps.deployments` with three entries and on a 60-entry object, plus the
+//! decode step and the whole in-process review (decode, lease lookups, rules, response) for
+//! comparison. Run: `cargo bench --bench rules` (`bench/run` does, and reports the medians).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use k8s_openapi::jiff::Timestamp;
+use prometheus_client::registry::Registry;
+use storageversion_webhook::admission::{Admission, Enforcement};
+use storageversion_webhook::leases::StaticLeases;
+use storageversion_webhook::metrics::Metrics;
+use storageversion_webhook::model::{
+    LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LABEL_VALUE,
+};
+use storageversion_webhook::rules::{self, LeaseFacts, RuleOptions};
+
+#[path = "support/fixtures.rs"]
+mod fixtures;
+
+fn live_record(id: &str) -> LeaseRecord {
+    LeaseRecord {
+        name: id.to_string(),
+        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
+        renew_time: Some(Timestamp::now()),
+        lease_duration_seconds: Some(3600),
+    }
+}
+
+struct Case {
+    label: &'static str,
+    new: StorageVersion,
+    old: StorageVersion,
+    facts: LeaseFacts,
+    body: Vec<u8>,
+    admission: Admission,
+}
+
+fn case(label: &'static str, entries: usize) -> Case {
+    let ids = fixtures::apiserver_ids(entries);
+    let review = fixtures::status_update_review(&ids);
+    let object = &review["request"]["object"];
+    let old_object = &review["request"]["oldObject"];
+    let new: StorageVersion = serde_json::from_value(object.clone()).expect("fixture object");
+    let old: StorageVersion =
+        serde_json::from_value(old_object.clone()).expect("fixture oldObject");
+    let facts: LeaseFacts = ids
+        .iter()
+        .map(|id| (id.clone(), LeaseLookup::Found(live_record(id))))
+        .collect();
+    let leases = StaticLeases::new(ids.iter().map(|id| live_record(id)));
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let admission = Admission::new(
+        Arc::new(leases),
+        Enforcement::Deny,
+        Duration::from_secs(30),
+        metrics,
+    );
+    Case {
+        label,
+        new,
+        old,
+        facts,
+        body: serde_json::to_vec(&review).expect("fixture review"),
+        admission,
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let opts = RuleOptions {
+        now: Timestamp::now(),
+        lease_skew_allowance: Duration::from_secs(30),
+    };
+    for case in [case("3-entries", 3), case("60-entries", 60)] {
+        // The verdict must be "allowed, no findings", or the benchmark measures the wrong path.
+        let eval = rules::evaluate(&case.new, Some(&case.old), &case.facts, &opts);
+        assert!(eval.findings.is_empty(), "{:?}", eval.findings);
+
+        let mut g = c.benchmark_group(case.label);
+        g.bench_function("rules_evaluate", |b| {
+            b.iter(|| {
+                rules::evaluate(
+                    black_box(&case.new),
+                    black_box(Some(&case.old)),
+                    black_box(&case.facts),
+                    &opts,
+                )
+            })
+        });
+        g.bench_function("rules_violations", |b| {
+            b.iter(|| rules::violations(black_box(&case.new)))
+        });
+        g.bench_function("decode_object", |b| {
+            let json = serde_json::to_string(&case.new).expect("object json");
+            b.iter(|| serde_json::from_str::<StorageVersion>(black_box(&json)))
+        });
+        g.bench_function("admission_review", |b| {
+            b.iter(|| {
+                let out = futures::executor::block_on(case.admission.review(black_box(&case.body)));
+                assert!(out.is_ok());
+                out
+            })
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
