@@ -7,22 +7,37 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
+
+/// A label value that is usually one of a few known strings: those are borrowed, so counting a
+/// review allocates nothing (see [`label`]).
+pub type LabelValue = Cow<'static, str>;
+
+/// `value` as a label: a `&'static str` for the values reviews carry (operations, `""`,
+/// `status`), an owned copy for anything else.
+pub fn label(value: &str) -> LabelValue {
+    const KNOWN: &[&str] = &["CREATE", "UPDATE", "DELETE", "CONNECT", "", "status"];
+    match KNOWN.iter().find(|k| **k == value) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(value.to_string()),
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
     /// CREATE, UPDATE, DELETE, CONNECT.
-    pub operation: String,
+    pub operation: LabelValue,
     /// "" for the main resource, "status" for `/status`.
-    pub subresource: String,
+    pub subresource: LabelValue,
     /// allowed, warned, denied, ignored (not a StorageVersion), error (undecodable object).
     pub verdict: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FindingLabels {
-    pub operation: String,
-    pub subresource: String,
+    pub operation: LabelValue,
+    pub subresource: LabelValue,
     pub code: &'static str,
     /// deny or warn
     pub severity: &'static str,
