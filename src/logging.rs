@@ -1,5 +1,14 @@
 //! Log set-up: tracing to stderr, text or JSON, level from `--log-level` or `RUST_LOG`.
+//!
+//! Lines are formatted by the thread that logs and written by a dedicated thread
+//! (`tracing-appender`'s non-blocking writer), so a review never waits for a `write(2)` to
+//! stderr, and under load many lines go out in one write. It never drops a line: when the
+//! queue is full, logging waits. Keep the [`LogGuard`] until the process ends; dropping it
+//! writes out what is still queued.
 
+use std::io::BufWriter;
+
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -25,8 +34,17 @@ pub struct LogArgs {
     pub log_level: Option<String>,
 }
 
+/// Writes out the queued log lines when dropped.
+#[must_use = "log lines still queued are lost unless the guard lives until the process ends"]
+pub struct LogGuard {
+    _worker: WorkerGuard,
+}
+
+/// How much the writer thread gathers before a write; it also writes whenever the queue is empty.
+const WRITE_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Installs the global subscriber. Returns an error naming the bad filter.
-pub fn init(args: &LogArgs) -> anyhow::Result<()> {
+pub fn init(args: &LogArgs) -> anyhow::Result<LogGuard> {
     let filter = match &args.log_level {
         Some(level) => EnvFilter::try_new(level)
             .map_err(|e| anyhow::anyhow!("--log-level {level:?} is not a valid filter: {e}"))?,
@@ -36,12 +54,21 @@ pub fn init(args: &LogArgs) -> anyhow::Result<()> {
             _ => EnvFilter::new("info"),
         },
     };
+    // The worker flushes the buffer each time it has emptied its queue.
+    let (writer, worker) = NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("log-writer")
+        .finish(BufWriter::with_capacity(
+            WRITE_BUFFER_BYTES,
+            std::io::stderr(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(writer);
     let result = match args.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    result.map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
+    result.map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))?;
+    Ok(LogGuard { _worker: worker })
 }
