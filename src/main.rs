@@ -4,11 +4,6 @@ use clap::{Parser, Subcommand};
 
 use storageversion_webhook::{audit, check, logging, server};
 
-/// mimalloc instead of the system allocator: decoding a review allocates many small strings,
-/// and glibc's malloc/free were about a sixth of the server's CPU per review (see BENCHMARKS.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
 #[derive(Parser, Debug)]
 #[command(name = "storageversion-webhook", version, about)]
