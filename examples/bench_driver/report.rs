@@ -17,6 +17,9 @@ pub struct ReportArgs {
     criterion: PathBuf,
     #[arg(long)]
     out: PathBuf,
+    /// A hand-written analysis (Markdown) to include after the figures.
+    #[arg(long)]
+    notes: Option<PathBuf>,
 }
 
 fn lines(path: &Path) -> Vec<Value> {
@@ -132,6 +135,11 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
     )?;
     startup(&mut md, &mut goals, &lines(&args.dir.join("startup.jsonl")))?;
 
+    if let Some(notes) = &args.notes {
+        if let Ok(text) = std::fs::read_to_string(notes) {
+            writeln!(md, "{}\n", text.trim_end())?;
+        }
+    }
     if let Ok(cmds) = std::fs::read_to_string(args.dir.join("commands.txt")) {
         writeln!(md, "## Exact commands\n")?;
         writeln!(md, "Every measuring command of this run, in order (paths shortened: `$W` is the run's work directory, `$BIN` the release binaries).\n")?;
