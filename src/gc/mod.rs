@@ -9,7 +9,7 @@
 //! - [`leader`]: leader election with `kube-lease-manager`, fenced and released on shutdown.
 //!
 //! Wiring into `serve`:
-//! ```ignore
+//! ```text
 //! let gc = gc::spawn(client.clone(), args.gc.clone(), &mut registry)?;
 //! // ... serve admission until SIGTERM, drain ...
 //! gc.shutdown().await; // stops collecting and releases the leader Lease
