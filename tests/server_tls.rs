@@ -2,9 +2,6 @@
 //! clients that trust only the test CA, the admin listener, certificate rotation through a
 //! Secret-volume-like symlink swap, mutual TLS, ALPN, limits and graceful shutdown.
 
-#[path = "common/certs.rs"]
-mod certs;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,7 +35,7 @@ use storageversion_webhook::metrics::Metrics;
 use storageversion_webhook::model::{LeaseLookup, LeaseRecord, IDENTITY_LABEL_VALUE};
 use storageversion_webhook::server::{CertStore, Deps, ReadyFlag, Server, ServerConfig};
 
-use certs::{client_config, Ca, Leaf};
+use svw_testkit::certs::{client_config, Ca, Leaf};
 
 const LIVE_ID: &str = "apiserver-aaaa";
 const NO_LEASE_ID: &str = "apiserver-nolease";

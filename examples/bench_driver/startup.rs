@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use serde_json::json;
 
-use crate::cluster::http_get;
 use crate::procfs;
+use svw_testkit::http_get;
 
 #[derive(clap::Args)]
 pub struct StartupArgs {
@@ -62,7 +62,7 @@ pub async fn run(args: &StartupArgs) -> anyhow::Result<()> {
             .with_context(|| format!("start {program}"))?;
         let pid = child.id();
         let ready = loop {
-            if let Ok((200, _)) = http_get(admin, "/readyz").await {
+            if let Some((200, _)) = http_get(admin, "/readyz").await {
                 break t0.elapsed();
             }
             if let Some(status) = child.try_wait()? {

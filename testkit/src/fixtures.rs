@@ -1,9 +1,6 @@
 //! Realistic StorageVersion objects and AdmissionReviews for the benchmarks, shaped like what
 //! kube-apiserver v1.37 writes and sends: metadata with managedFields, one entry per apiserver,
 //! the common encoding version and the `AllEncodingVersionsEqual` condition.
-//!
-//! Shared by `benches/rules.rs` and `examples/bench_driver.rs` (included with `#[path]`).
-#![allow(dead_code)]
 
 use serde_json::{json, Value};
 
