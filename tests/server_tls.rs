@@ -383,18 +383,13 @@ async fn wait_for_close<S: tokio::io::AsyncRead + Unpin>(mut stream: S) -> Durat
 }
 
 /// Polls `check` until it is true, failing after [`DEADLINE`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
+async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if let Err(e) = svw_testkit::poll_until(DEADLINE, what, check).await {
+        panic!("{e}");
     }
 }
 

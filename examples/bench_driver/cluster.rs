@@ -18,7 +18,7 @@ use storageversion_webhook::model::{
     StorageVersion, IDENTITY_LABEL_KEY, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
 };
 
-use svw_testkit::{base64, fixtures, http_get, metric_sum};
+use svw_testkit::{fixtures, http_get, metric_sum, webhook_configuration};
 
 const VWC_NAME: &str = "storageversion-webhook-bench";
 /// Label on every StorageVersion the benchmarks create.
@@ -182,27 +182,13 @@ pub struct WritesArgs {
 }
 
 async fn register(client: &kube::Client, url: &str, ca_pem: &[u8]) -> anyhow::Result<()> {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": VWC_NAME},
-        "webhooks": [{
-            "name": "storageversions.storageversion-webhook.bench",
-            "clientConfig": {"url": url, "caBundle": base64(ca_pem)},
-            "rules": [{
-                "apiGroups": ["internal.apiserver.k8s.io"],
-                "apiVersions": ["v1alpha1"],
-                "resources": ["storageversions", "storageversions/status"],
-                "operations": ["CREATE", "UPDATE"],
-                "scope": "Cluster"
-            }],
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": "Fail",
-            "matchPolicy": "Equivalent",
-            "timeoutSeconds": 5
-        }]
-    }))?;
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(webhook_configuration(
+        VWC_NAME,
+        "storageversions.storageversion-webhook.bench",
+        url,
+        ca_pem,
+        "Fail",
+    ))?;
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     api.create(&PostParams::default(), &vwc).await?;
     Ok(())
@@ -469,13 +455,7 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
         }
     }
     let total = t0.elapsed();
-    let mut line = serde_json::Map::new();
-    for label in &args.labels {
-        let (k, v) = label
-            .split_once('=')
-            .ok_or_else(|| anyhow!("label {label:?} is not key=value"))?;
-        line.insert(k.into(), json!(v));
-    }
+    let mut line = labelled(&args.labels)?;
     line.insert("mode".into(), json!(sc.mode));
     line.insert("objects".into(), json!(sc.objects));
     line.insert("seconds".into(), json!(total.as_secs_f64()));
@@ -587,4 +567,16 @@ pub async fn populate(args: &PopulateArgs) -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A result line holding the `key=value` labels given on the command line.
+pub fn labelled(labels: &[String]) -> anyhow::Result<serde_json::Map<String, Value>> {
+    let mut line = serde_json::Map::new();
+    for label in labels {
+        let (k, v) = label
+            .split_once('=')
+            .ok_or_else(|| anyhow!("label {label:?} is not key=value"))?;
+        line.insert(k.into(), json!(v));
+    }
+    Ok(line)
 }

@@ -97,13 +97,7 @@ pub async fn run(args: &StartupArgs) -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let mut line = serde_json::Map::new();
-        for label in &args.labels {
-            let (k, v) = label
-                .split_once('=')
-                .ok_or_else(|| anyhow!("label {label:?} is not key=value"))?;
-            line.insert(k.into(), json!(v));
-        }
+        let mut line = crate::cluster::labelled(&args.labels)?;
         line.insert("rep".into(), json!(rep));
         line.insert("ready_seconds".into(), json!(ready.as_secs_f64()));
         line.insert("rss_ready_mib".into(), json!(rss_ready as f64 / 1024.0));

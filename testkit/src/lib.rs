@@ -65,6 +65,38 @@ pub fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// A `ValidatingWebhookConfiguration` (as JSON) sending every CREATE and UPDATE of
+/// `storageversions` and `storageversions/status` to `url`, trusting `ca_pem`.
+pub fn webhook_configuration(
+    name: &str,
+    webhook_name: &str,
+    url: &str,
+    ca_pem: &[u8],
+    failure_policy: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": webhook_name,
+            "clientConfig": {"url": url, "caBundle": base64(ca_pem)},
+            "rules": [{
+                "apiGroups": ["internal.apiserver.k8s.io"],
+                "apiVersions": ["v1alpha1"],
+                "resources": ["storageversions", "storageversions/status"],
+                "operations": ["CREATE", "UPDATE"],
+                "scope": "Cluster"
+            }],
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": failure_policy,
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": 5
+        }]
+    })
+}
+
 /// Standard base64 with padding (for caBundle), without pulling in a crate for it.
 pub fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

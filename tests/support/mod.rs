@@ -287,33 +287,21 @@ fn listening_addrs(line: &str) -> Option<(SocketAddr, SocketAddr)> {
 }
 
 // Shared with the benchmarks and the bench driver: the test kit (testkit/).
+#[allow(unused_imports)] // each test binary uses a different subset
 pub use svw_testkit::{base64, http_get, metric_sum, poll_until};
 
 /// Registers the webhook as the issue describes: URL on loopback, CA bundle, storageversions and
 /// storageversions/status, CREATE and UPDATE.
 pub async fn register_webhook(cp: &ControlPlane, url: &str, ca_pem: &str, failure_policy: &str) {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "storageversion-webhook"},
-        "webhooks": [{
-            "name": WEBHOOK_NAME,
-            "clientConfig": {"url": url, "caBundle": base64(ca_pem.as_bytes())},
-            "rules": [{
-                "apiGroups": ["internal.apiserver.k8s.io"],
-                "apiVersions": ["v1alpha1"],
-                "resources": ["storageversions", "storageversions/status"],
-                "operations": ["CREATE", "UPDATE"],
-                "scope": "Cluster"
-            }],
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": failure_policy,
-            "matchPolicy": "Equivalent",
-            "timeoutSeconds": 5
-        }]
-    }))
-    .expect("webhook configuration");
+    let vwc: ValidatingWebhookConfiguration =
+        serde_json::from_value(svw_testkit::webhook_configuration(
+            "storageversion-webhook",
+            WEBHOOK_NAME,
+            url,
+            ca_pem.as_bytes(),
+            failure_policy,
+        ))
+        .expect("webhook configuration");
     let api: Api<ValidatingWebhookConfiguration> = Api::all(cp.client.clone());
     let _ = api
         .delete("storageversion-webhook", &DeleteParams::default())
