@@ -71,17 +71,7 @@ fn storage_version(entries: Vec<Value>) -> Value {
         "kind": "StorageVersion",
         "metadata": {"name": "apps.deployments", "uid": "0b9f0c53-9b5e-4c43-8a4f-2f1b4e2f7a10"},
         "spec": {},
-        "status": {
-            "storageVersions": entries,
-            "commonEncodingVersion": "apps/v1",
-            "conditions": [{
-                "type": "AllEncodingVersionsEqual",
-                "status": "True",
-                "lastTransitionTime": "2026-01-01T00:00:00Z",
-                "reason": "CommonEncodingVersionSet",
-                "message": "Common encoding version set",
-            }],
-        },
+        "status": svw_testkit::fixtures::agreed_status(entries, "apps/v1", "2026-01-01T00:00:00Z"),
     })
 }
 

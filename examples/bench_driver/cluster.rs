@@ -106,17 +106,7 @@ fn bench_status(ids: &[String], served: &[&str]) -> Value {
             e
         })
         .collect();
-    json!({
-        "storageVersions": entries,
-        "commonEncodingVersion": v,
-        "conditions": [{
-            "type": "AllEncodingVersionsEqual",
-            "status": "True",
-            "reason": "CommonEncodingVersionSet",
-            "message": "Common encoding version set",
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }],
-    })
+    fixtures::agreed_status(entries, &v, "2026-01-01T00:00:00Z")
 }
 
 /// Creates StorageVersion `name` (labelled `scenario`) if missing and sets its status.

@@ -416,17 +416,8 @@ pub async fn put_status(
 /// common version and condition kube-apiserver would write.
 pub fn status_for(group: &str, ids: &[&str]) -> serde_json::Value {
     let v = format!("{group}/v1");
-    serde_json::json!({
-        "storageVersions": ids.iter().map(|id| entry(id, &v, &[&v])).collect::<Vec<_>>(),
-        "commonEncodingVersion": v,
-        "conditions": [{
-            "type": "AllEncodingVersionsEqual",
-            "status": "True",
-            "reason": "CommonEncodingVersionSet",
-            "message": "Common encoding version set",
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }],
-    })
+    let entries = ids.iter().map(|id| entry(id, &v, &[&v])).collect();
+    svw_testkit::fixtures::agreed_status(entries, &v, "2026-01-01T00:00:00Z")
 }
 
 /// The text of an API error (kube's error message), or "" for success.
