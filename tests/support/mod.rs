@@ -45,12 +45,17 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn up() -> ControlPlane {
+        ControlPlane::up_with_env(&[]).await
+    }
+
+    /// `up` with extra environment for `tests/controlplane/run` (e.g. `SVW_APISERVER_EXTRA_ARGS`).
+    pub async fn up_with_env(env: &[(&str, &str)]) -> ControlPlane {
         let dir = tempfile::Builder::new()
             .prefix("svw-cp-")
             .tempdir()
             .expect("temp dir for the control plane");
         let cp = ControlPlaneDir(dir.path().to_path_buf());
-        cp.run(&["up"]);
+        cp.run_with_env(&["up"], env);
         let kubeconfig = dir.path().join("kubeconfig");
         let client = storageversion_webhook::kubeclient::client(Some(&kubeconfig))
             .await
@@ -566,3 +571,4 @@ impl Webhook {
 }
 
 pub mod gc;
+pub mod migrate;
