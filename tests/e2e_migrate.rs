@@ -52,15 +52,17 @@ async fn common_version(cp: &ControlPlane, name: &str) -> Option<String> {
         .and_then(|sv| sv.status.common_encoding_version)
 }
 
-/// The upgrade this feature is for, on one real kube-apiserver: objects written while it
-/// emulated 1.36 are stored as v1beta1; after the restart as 1.37 and the settle time, one
-/// migration is created and kube-controller-manager rewrites them: etcd holds v1. A restarted
-/// webhook creates nothing more, and `audit` finds nothing left to migrate.
+/// The upgrade this feature is for, on two real kube-apiservers sharing one etcd: objects written
+/// while both emulated 1.36 are stored as v1beta1. The first is upgraded to 1.37: the entries
+/// disagree, and no migration is created however long that lasts. The second is upgraded: after
+/// the settle time one migration is created and kube-controller-manager rewrites the objects:
+/// etcd holds v1. A restarted webhook creates and reports nothing more, and `audit` finds
+/// nothing left to migrate.
 #[tokio::test(flavor = "multi_thread")]
 async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     let _serial = serial().await;
     let t_test = Instant::now();
-    let cp = ControlPlane::up_with_env(&[("SVW_APISERVER_EXTRA_ARGS", "--emulated-version=1.36")]).await;
+    let cp = ControlPlane::up_with(&["--apiservers", "2", "--emulated-version", "1.36"]).await;
     let v1beta1 = format!("{MAP_GROUP}/v1beta1");
     let v1 = format!("{MAP_GROUP}/v1");
     poll_until(MINUTE, "the 1.36 apiserver to store MutatingAdmissionPolicies as v1beta1", || async {
@@ -81,8 +83,26 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     let mut hook = start_replica(&cp, &certs, "4s").await;
     wait_remembered(&cp, MAP_SV, &v1beta1).await;
 
-    // Upgrade: plain 1.37 (no emulation), then the migrator.
-    cp.run_with_env(&["restart-apiserver"], &[("SVW_APISERVER_EXTRA_ARGS", "")]);
+    // Upgrade apiserver 1 (the webhook and kubectl talk to 0): a mixed control plane.
+    cp.run(&["upgrade-apiserver", "1", "--version", "1.37"]);
+    poll_until(MINUTE, "the entries of 1.36 and 1.37 to disagree", || async {
+        storage_versions(&cp).get_opt(MAP_SV).await.ok().flatten().is_some_and(|sv| {
+            sv.status.common_encoding_version.is_none()
+                && sv.status.storage_versions.iter().any(|e| e.encoding_version == v1)
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(settle * 2).await;
+    wait_passes(&hook, 3.0).await;
+    assert!(
+        migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies").await.is_empty(),
+        "a migration while the apiservers disagree"
+    );
+    assert!(migration_metric(&hook.metrics().await, "resources", &["state=\"disagree\""]) >= 1.0);
+
+    // Upgrade apiserver 0, then run the migrator.
+    cp.run(&["upgrade-apiserver", "0", "--version", "1.37"]);
     kcm_start(&cp, &[KCM_MIGRATOR]);
     let mut agreed_at = None;
     let migration = svm::migration_name(MAP_SV, &v1);

@@ -45,17 +45,19 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn up() -> ControlPlane {
-        ControlPlane::up_with_env(&[]).await
+        ControlPlane::up_with(&[]).await
     }
 
-    /// `up` with extra environment for `tests/controlplane/run` (e.g. `SVW_APISERVER_EXTRA_ARGS`).
-    pub async fn up_with_env(env: &[(&str, &str)]) -> ControlPlane {
+    /// `run up <args>` (e.g. `--apiservers 3 --version 1.36`).
+    pub async fn up_with(args: &[&str]) -> ControlPlane {
         let dir = tempfile::Builder::new()
             .prefix("svw-cp-")
             .tempdir()
             .expect("temp dir for the control plane");
         let cp = ControlPlaneDir(dir.path().to_path_buf());
-        cp.run_with_env(&["up"], env);
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        cp.run(&all);
         let kubeconfig = dir.path().join("kubeconfig");
         let client = storageversion_webhook::kubeclient::client(Some(&kubeconfig))
             .await
@@ -571,4 +573,5 @@ impl Webhook {
 }
 
 pub mod gc;
+pub mod ha;
 pub mod migrate;
