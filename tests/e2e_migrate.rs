@@ -12,14 +12,17 @@ use std::time::{Duration, Instant};
 use storageversion_webhook::migrate::svm::{self, Phase};
 use support::gc::{create_lease, kcm_start, kubectl_apply, seed_sv};
 use support::migrate::*;
-use support::{live_identity_lease, poll_until, put_status, serial, storage_versions, Certs, ControlPlane};
+use support::{
+    live_identity_lease, poll_until, put_status, serial, storage_versions, Certs, ControlPlane,
+};
 
 const MINUTE: Duration = Duration::from_secs(60);
 const MAP_SV: &str = "admissionregistration.k8s.io.mutatingadmissionpolicies";
 const MAP_GROUP: &str = "admissionregistration.k8s.io";
 const MAP_PREFIX: &str = "/registry/mutatingadmissionpolicies/";
 /// The migrator controller needs the garbage collector's dependency graph.
-const KCM_MIGRATOR: &str = "--controllers=storage-version-migrator-controller,garbage-collector-controller";
+const KCM_MIGRATOR: &str =
+    "--controllers=storage-version-migrator-controller,garbage-collector-controller";
 
 fn map_policy(name: &str) -> serde_json::Value {
     serde_json::json!({
@@ -65,9 +68,11 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     let cp = ControlPlane::up_with(&["--apiservers", "2", "--emulated-version", "1.36"]).await;
     let v1beta1 = format!("{MAP_GROUP}/v1beta1");
     let v1 = format!("{MAP_GROUP}/v1");
-    poll_until(MINUTE, "the 1.36 apiserver to store MutatingAdmissionPolicies as v1beta1", || async {
-        common_version(&cp, MAP_SV).await.as_deref() == Some(v1beta1.as_str())
-    })
+    poll_until(
+        MINUTE,
+        "the 1.36 apiserver to store MutatingAdmissionPolicies as v1beta1",
+        || async { common_version(&cp, MAP_SV).await.as_deref() == Some(v1beta1.as_str()) },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<String> = (0..3).map(|i| format!("svw-e2e-policy-{i}")).collect();
@@ -76,7 +81,10 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     }
     let before = stored_versions(&cp, MAP_PREFIX);
     assert_eq!(before.len(), names.len(), "{before:?}");
-    assert!(before.values().all(|v| *v == v1beta1), "stored before: {before:?}");
+    assert!(
+        before.values().all(|v| *v == v1beta1),
+        "stored before: {before:?}"
+    );
 
     let certs = Certs::generate();
     let settle = Duration::from_secs(4);
@@ -85,18 +93,33 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
 
     // Upgrade apiserver 1 (the webhook and kubectl talk to 0): a mixed control plane.
     cp.run(&["upgrade-apiserver", "1", "--version", "1.37"]);
-    poll_until(MINUTE, "the entries of 1.36 and 1.37 to disagree", || async {
-        storage_versions(&cp).get_opt(MAP_SV).await.ok().flatten().is_some_and(|sv| {
-            sv.status.common_encoding_version.is_none()
-                && sv.status.storage_versions.iter().any(|e| e.encoding_version == v1)
-        })
-    })
+    poll_until(
+        MINUTE,
+        "the entries of 1.36 and 1.37 to disagree",
+        || async {
+            storage_versions(&cp)
+                .get_opt(MAP_SV)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|sv| {
+                    sv.status.common_encoding_version.is_none()
+                        && sv
+                            .status
+                            .storage_versions
+                            .iter()
+                            .any(|e| e.encoding_version == v1)
+                })
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     tokio::time::sleep(settle * 2).await;
     wait_passes(&hook, 3.0).await;
     assert!(
-        migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies").await.is_empty(),
+        migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies")
+            .await
+            .is_empty(),
         "a migration while the apiservers disagree"
     );
     assert!(migration_metric(&hook.metrics().await, "resources", &["state=\"disagree\""]) >= 1.0);
@@ -108,7 +131,8 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     let migration = svm::migration_name(MAP_SV, &v1);
     let end = Instant::now() + 2 * MINUTE;
     let created = loop {
-        if agreed_at.is_none() && common_version(&cp, MAP_SV).await.as_deref() == Some(v1.as_str()) {
+        if agreed_at.is_none() && common_version(&cp, MAP_SV).await.as_deref() == Some(v1.as_str())
+        {
             agreed_at = Some(std::time::SystemTime::now());
         }
         let found = migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies").await;
@@ -117,7 +141,11 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
             assert_eq!(m.name(), migration);
             break m.clone();
         }
-        assert!(Instant::now() < end, "no migration after the upgrade; logs:\n{}", hook.logs_text());
+        assert!(
+            Instant::now() < end,
+            "no migration after the upgrade; logs:\n{}",
+            hook.logs_text()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Not before the settle time (creationTimestamp has whole seconds).
@@ -146,7 +174,10 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     );
     let after = stored_versions(&cp, MAP_PREFIX);
     assert_eq!(after.len(), names.len(), "{after:?}");
-    assert!(after.values().all(|v| *v == v1), "stored after the migration: {after:?}");
+    assert!(
+        after.values().all(|v| *v == v1),
+        "stored after the migration: {after:?}"
+    );
 
     // Reported: metrics, an Event on the StorageVersion, the ConfigMap.
     poll_until(MINUTE, "the success to be reported", || async {
@@ -157,10 +188,13 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
     let m = hook.metrics().await;
-    assert_eq!(migration_metric(&m, "created_total", &["result=\"created\""]), {
-        // Every resource whose version changed with the upgrade got its migration.
-        migrations(&cp).await.unwrap_or_default().len() as f64
-    });
+    assert_eq!(
+        migration_metric(&m, "created_total", &["result=\"created\""]),
+        {
+            // Every resource whose version changed with the upgrade got its migration.
+            migrations(&cp).await.unwrap_or_default().len() as f64
+        }
+    );
     assert_eq!(event_count(&cp, MAP_SV, "MigrationCreated").await, 1);
     assert_eq!(state(&cp).await.get(MAP_SV), Some(&v1));
 
@@ -168,14 +202,21 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     let status = hook.terminate();
     assert!(status.success(), "serve exited with {status}");
     let hook = start_replica(&cp, &certs, "4s").await;
-    poll_until(MINUTE, "the restarted replica to lead", || async { leads(&hook.metrics().await) })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    poll_until(MINUTE, "the restarted replica to lead", || async {
+        leads(&hook.metrics().await)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     wait_passes(&hook, 5.0).await;
     let m = hook.metrics().await;
     assert_eq!(migration_metric(&m, "created_total", &[]), 0.0, "{m}");
     assert_eq!(migration_metric(&m, "outcomes_total", &[]), 0.0, "{m}");
-    assert_eq!(migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies").await.len(), 1);
+    assert_eq!(
+        migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies")
+            .await
+            .len(),
+        1
+    );
     assert_eq!(event_count(&cp, MAP_SV, "MigrationSucceeded").await, 1);
 
     let (_, report) = audit_json(&cp);
@@ -214,7 +255,9 @@ fn two_entries(va: &str, vb: &str, dec_a: &[&str], dec_b: &[&str]) -> serde_json
 }
 
 async fn set(cp: &ControlPlane, status: serde_json::Value) {
-    put_status(cp, W_SV, status).await.expect("write the StorageVersion status");
+    put_status(cp, W_SV, status)
+        .await
+        .expect("write the StorageVersion status");
 }
 
 async fn widget_migrations(cp: &ControlPlane) -> Vec<String> {
@@ -237,7 +280,12 @@ async fn migrates_once_and_only_after_agreement_settles() {
     for id in [A, B] {
         create_lease(&cp, &live_identity_lease(id)).await;
     }
-    seed_sv(&cp, W_SV, two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"])).await;
+    seed_sv(
+        &cp,
+        W_SV,
+        two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"]),
+    )
+    .await;
     let certs = Certs::generate();
     let settle = Duration::from_secs(3);
     let mut a = start_replica(&cp, &certs, "3s").await;
@@ -249,7 +297,11 @@ async fn migrates_once_and_only_after_agreement_settles() {
     .unwrap_or_else(|e| panic!("{e}"));
     wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v1")).await;
     let a_leads = leads(&a.metrics().await);
-    let (leader, follower) = if a_leads { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    let (leader, follower) = if a_leads {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
 
     // Disagreement for twice the settle time.
     set(&cp, two_entries("v2", "v1", &["v1", "v2"], &["v1", "v2"])).await;
@@ -257,14 +309,26 @@ async fn migrates_once_and_only_after_agreement_settles() {
     wait_passes(leader, 2.0).await;
     assert!(widget_migrations(&cp).await.is_empty());
     assert!(
-        migration_metric(&leader.metrics().await, "resources", &["state=\"disagree\""]) >= 1.0
+        migration_metric(
+            &leader.metrics().await,
+            "resources",
+            &["state=\"disagree\""]
+        ) >= 1.0
     );
 
     // Upgrade finished, then rolled back before the settle time ended.
     set(&cp, two_entries("v2", "v2", &["v1", "v2"], &["v1", "v2"])).await;
-    poll_until(MINUTE, "the leader to see the new agreement settling", || async {
-        migration_metric(&leader.metrics().await, "resources", &["state=\"settling\""]) >= 1.0
-    })
+    poll_until(
+        MINUTE,
+        "the leader to see the new agreement settling",
+        || async {
+            migration_metric(
+                &leader.metrics().await,
+                "resources",
+                &["state=\"settling\""],
+            ) >= 1.0
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", leader.logs_text()));
     set(&cp, two_entries("v1", "v2", &["v1", "v2"], &["v1", "v2"])).await;
@@ -286,18 +350,29 @@ async fn migrates_once_and_only_after_agreement_settles() {
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", leader.logs_text()));
     wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v2")).await;
     let lm = leader.metrics().await;
-    assert_eq!(migration_metric(&lm, "created_total", &["result=\"created\""]), 1.0);
-    assert_eq!(migration_metric(&follower.metrics().await, "created_total", &[]), 0.0);
+    assert_eq!(
+        migration_metric(&lm, "created_total", &["result=\"created\""]),
+        1.0
+    );
+    assert_eq!(
+        migration_metric(&follower.metrics().await, "created_total", &[]),
+        0.0
+    );
 
     // The leader stops; the follower takes over and creates nothing.
     let status = leader.terminate();
     assert!(status.success(), "serve exited with {status}");
-    poll_until(MINUTE, "the follower to take over", || async { leads(&follower.metrics().await) })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    poll_until(MINUTE, "the follower to take over", || async {
+        leads(&follower.metrics().await)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     wait_passes(follower, 5.0).await;
     assert_eq!(widget_migrations(&cp).await, vec![name.clone()]);
-    assert_eq!(migration_metric(&follower.metrics().await, "created_total", &[]), 0.0);
+    assert_eq!(
+        migration_metric(&follower.metrics().await, "created_total", &[]),
+        0.0
+    );
     assert_eq!(event_count(&cp, W_SV, "MigrationCreated").await, 1);
     eprintln!("agreement test took {:?}", t_test.elapsed());
 }
@@ -310,54 +385,79 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
     let _serial = serial().await;
     let t_test = Instant::now();
     let cp = ControlPlane::up().await;
-    kubectl_apply(&cp, &serde_json::json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.svw.example.com"},
-        "spec": {
-            "group": W_GROUP,
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
-            "scope": "Namespaced",
-            "versions": [{"name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
-        },
-    }));
+    kubectl_apply(
+        &cp,
+        &serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.svw.example.com"},
+            "spec": {
+                "group": W_GROUP,
+                "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+            },
+        }),
+    );
     poll_until(MINUTE, "the Widget API to be served", || async {
-        cp.kubectl().args(["get", "widgets", "-A"]).output().is_ok_and(|o| o.status.success())
+        cp.kubectl()
+            .args(["get", "widgets", "-A"])
+            .output()
+            .is_ok_and(|o| o.status.success())
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     for i in 0..2 {
-        kubectl_apply(&cp, &serde_json::json!({
-            "apiVersion": "svw.example.com/v1", "kind": "Widget",
-            "metadata": {"name": format!("w{i}"), "namespace": "default"},
-        }));
+        kubectl_apply(
+            &cp,
+            &serde_json::json!({
+                "apiVersion": "svw.example.com/v1", "kind": "Widget",
+                "metadata": {"name": format!("w{i}"), "namespace": "default"},
+            }),
+        );
     }
-    kubectl_apply(&cp, &serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": "svw-e2e-no-widget-updates"},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [W_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
-                "resources": ["widgets"],
-            }]},
-            "validations": [{"expression": "false", "message": "widgets are frozen (svw e2e)"}],
-        },
-    }));
-    kubectl_apply(&cp, &serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": "svw-e2e-no-widget-updates"},
-        "spec": {"policyName": "svw-e2e-no-widget-updates", "validationActions": ["Deny"]},
-    }));
+    kubectl_apply(
+        &cp,
+        &serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "svw-e2e-no-widget-updates"},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": [W_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+                    "resources": ["widgets"],
+                }]},
+                "validations": [{"expression": "false", "message": "widgets are frozen (svw e2e)"}],
+            },
+        }),
+    );
+    kubectl_apply(
+        &cp,
+        &serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": "svw-e2e-no-widget-updates"},
+            "spec": {"policyName": "svw-e2e-no-widget-updates", "validationActions": ["Deny"]},
+        }),
+    );
     // The policy is in force once a plain update is denied.
     poll_until(MINUTE, "the policy to deny widget updates", || async {
         cp.kubectl()
-            .args(["label", "widget", "w0", "-n", "default", "probe=1", "--overwrite"])
+            .args([
+                "label",
+                "widget",
+                "w0",
+                "-n",
+                "default",
+                "probe=1",
+                "--overwrite",
+            ])
             .output()
-            .is_ok_and(|o| !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("frozen"))
+            .is_ok_and(|o| {
+                !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("frozen")
+            })
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -366,24 +466,40 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
     for id in [A, B] {
         create_lease(&cp, &live_identity_lease(id)).await;
     }
-    seed_sv(&cp, W_SV, two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"])).await;
+    seed_sv(
+        &cp,
+        W_SV,
+        two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"]),
+    )
+    .await;
     let certs = Certs::generate();
     let mut hook = start_replica(&cp, &certs, "1s").await;
     wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v1")).await;
     set(&cp, two_entries("v2", "v2", &["v1", "v2"], &["v1", "v2"])).await;
     let name = svm::migration_name(W_SV, &format!("{W_GROUP}/v2"));
     let failed = wait_phase(&cp, &name, Phase::Failed, 2 * MINUTE).await;
-    assert!(failed.phase_message().contains("frozen"), "{}", failed.phase_message());
+    assert!(
+        failed.phase_message().contains("frozen"),
+        "{}",
+        failed.phase_message()
+    );
 
     poll_until(MINUTE, "the failure to be reported", || async {
-        migration_metric(&hook.metrics().await, "outcomes_total", &["result=\"failed\""]) == 1.0
+        migration_metric(
+            &hook.metrics().await,
+            "outcomes_total",
+            &["result=\"failed\""],
+        ) == 1.0
             && event_count(&cp, W_SV, "MigrationFailed").await == 1
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
     let ev = events(&cp, W_SV, "MigrationFailed").await;
     assert_eq!(ev[0].type_.as_deref(), Some("Warning"));
-    assert!(ev[0].note.as_deref().is_some_and(|n| n.contains("frozen")), "{ev:?}");
+    assert!(
+        ev[0].note.as_deref().is_some_and(|n| n.contains("frozen")),
+        "{ev:?}"
+    );
     assert!(
         hook.logs_text().contains("StorageVersionMigration failed"),
         "no failure log line"
@@ -393,29 +509,45 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
     let m = hook.metrics().await;
     assert_eq!(migration_metric(&m, "created_total", &[]), 1.0, "{m}");
     assert_eq!(migration_metric(&m, "outcomes_total", &[]), 1.0, "{m}");
-    assert_eq!(migration_metric(&m, "migrations", &["phase=\"failed\""]), 1.0, "{m}");
+    assert_eq!(
+        migration_metric(&m, "migrations", &["phase=\"failed\""]),
+        1.0,
+        "{m}"
+    );
     let status = hook.terminate();
     assert!(status.success(), "serve exited with {status}");
     let hook = start_replica(&cp, &certs, "1s").await;
-    poll_until(MINUTE, "the restarted replica to lead", || async { leads(&hook.metrics().await) })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    poll_until(MINUTE, "the restarted replica to lead", || async {
+        leads(&hook.metrics().await)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     wait_passes(&hook, 5.0).await;
     let m = hook.metrics().await;
     assert_eq!(migration_metric(&m, "created_total", &[]), 0.0, "{m}");
     assert_eq!(migration_metric(&m, "outcomes_total", &[]), 0.0, "{m}");
-    assert_eq!(migration_metric(&m, "migrations", &["phase=\"failed\""]), 1.0, "{m}");
+    assert_eq!(
+        migration_metric(&m, "migrations", &["phase=\"failed\""]),
+        1.0,
+        "{m}"
+    );
     assert_eq!(widget_migrations(&cp).await, vec![name.clone()]);
     assert_eq!(event_count(&cp, W_SV, "MigrationFailed").await, 1);
 
     // audit lists it, with the command that creates a fresh migration.
     let (code, report) = audit_json(&cp);
     assert_eq!(code, 1, "{report:#}");
-    let stale = report["staleStorage"].as_array().cloned().unwrap_or_default();
+    let stale = report["staleStorage"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(stale.len(), 1, "{report:#}");
     assert_eq!(stale[0]["storageVersion"], W_SV);
     assert_eq!(stale[0]["phase"], "failed");
     let fix = stale[0]["fix"].as_str().unwrap_or_default();
-    assert!(fix.contains("kind: StorageVersionMigration") && fix.contains("resource: widgets"), "{fix}");
+    assert!(
+        fix.contains("kind: StorageVersionMigration") && fix.contains("resource: widgets"),
+        "{fix}"
+    );
     eprintln!("failure test took {:?}", t_test.elapsed());
 }

@@ -60,10 +60,7 @@ mod tests {
         let d = Cli::try_parse_from(["x"]).expect("parse").m;
         assert!(!d.migrate);
         assert_eq!(d.migrate_settle, Duration::from_secs(300));
-        assert_eq!(
-            format!("{d:?}"),
-            format!("{:?}", MigrateArgs::default())
-        );
+        assert_eq!(format!("{d:?}"), format!("{:?}", MigrateArgs::default()));
         let m = Cli::try_parse_from(["x", "--migrate", "--migrate-settle=2s"])
             .expect("parse")
             .m;

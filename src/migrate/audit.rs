@@ -55,8 +55,12 @@ pub fn judge(
     let mut out = Vec::new();
     for sv in svs {
         let name = sv.name();
-        let Some(last) = memory.get(name) else { continue };
-        let Some(gr) = svm::group_resource(name) else { continue };
+        let Some(last) = memory.get(name) else {
+            continue;
+        };
+        let Some(gr) = svm::group_resource(name) else {
+            continue;
+        };
         let create = create_command(name, &gr);
         match decide::agreement(&sv.status) {
             Agreement::Agreed(v) if &v != last => out.push(StaleStorage {
@@ -143,8 +147,11 @@ pub async fn fetch(
         return Ok(Vec::new());
     }
     let api: Api<StorageVersionMigration> = Api::all(client);
-    let lp = ListParams::default()
-        .labels(&format!("{}={}", svm::MANAGED_BY_LABEL, svm::MANAGED_BY_VALUE));
+    let lp = ListParams::default().labels(&format!(
+        "{}={}",
+        svm::MANAGED_BY_LABEL,
+        svm::MANAGED_BY_VALUE
+    ));
     let migrations = match api.list(&lp).await {
         Ok(l) => l.items,
         Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
@@ -253,23 +260,55 @@ mod tests {
         // Disagreeing: not (yet) a finding.
         assert!(judge(&[sv("g.things", &["g/v1", "g/v1beta1"])], &memory, &[]).is_empty());
         // Unchanged and never migrated, or never remembered: nothing.
-        assert!(judge(&[sv("g.others", &["g/v1"]), sv("g.new", &["g/v1"])], &memory, &[]).is_empty());
+        assert!(judge(
+            &[sv("g.others", &["g/v1"]), sv("g.new", &["g/v1"])],
+            &memory,
+            &[]
+        )
+        .is_empty());
         // Migrated: remembered == agreed, migration succeeded.
-        let done: Memory = [("g.things".to_string(), "g/v1".to_string())].into_iter().collect();
-        let ok = mig("g.things-v1", "2026-01-01T00:00:00Z", Some(("Succeeded", "done")));
+        let done: Memory = [("g.things".to_string(), "g/v1".to_string())]
+            .into_iter()
+            .collect();
+        let ok = mig(
+            "g.things-v1",
+            "2026-01-01T00:00:00Z",
+            Some(("Succeeded", "done")),
+        );
         assert!(judge(&[sv("g.things", &["g/v1"])], &done, &[ok]).is_empty());
         // Failed: listed with the fix; a later successful manual migration clears it.
-        let failed = mig("g.things-v1", "2026-01-01T00:00:00Z", Some(("Failed", "denied")));
-        let r = judge(&[sv("g.things", &["g/v1"])], &done, std::slice::from_ref(&failed));
+        let failed = mig(
+            "g.things-v1",
+            "2026-01-01T00:00:00Z",
+            Some(("Failed", "denied")),
+        );
+        let r = judge(
+            &[sv("g.things", &["g/v1"])],
+            &done,
+            std::slice::from_ref(&failed),
+        );
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].phase, Some("failed"));
         assert!(r[0].problem.contains("denied"), "{}", r[0].problem);
         assert!(r[0].fix.starts_with("fix the cause"));
         assert!(render_text(&r).contains("g.things"));
-        let manual = mig("g.things-manual-x", "2026-01-01T01:00:00Z", Some(("Succeeded", "")));
-        assert!(judge(&[sv("g.things", &["g/v1"])], &done, &[failed.clone(), manual]).is_empty());
+        let manual = mig(
+            "g.things-manual-x",
+            "2026-01-01T01:00:00Z",
+            Some(("Succeeded", "")),
+        );
+        assert!(judge(
+            &[sv("g.things", &["g/v1"])],
+            &done,
+            &[failed.clone(), manual]
+        )
+        .is_empty());
         // Running: listed, with the command to watch it.
-        let running = mig("g.things-v1", "2026-01-01T00:00:00Z", Some(("Running", "1/2")));
+        let running = mig(
+            "g.things-v1",
+            "2026-01-01T00:00:00Z",
+            Some(("Running", "1/2")),
+        );
         let r = judge(&[sv("g.things", &["g/v1"])], &done, &[running]);
         assert_eq!(r[0].phase, Some("running"));
         assert!(render_text(&[]).is_empty());

@@ -98,12 +98,7 @@ pub enum Decision {
 /// The decision for one resource. `remembered` is the version this resource last agreed on (as
 /// stored across restarts), `seen` the current agreement and since when, `settle` how long a
 /// new agreement must hold before it is acted on.
-pub fn decide(
-    remembered: Option<&str>,
-    seen: &Seen,
-    now: Instant,
-    settle: Duration,
-) -> Decision {
+pub fn decide(remembered: Option<&str>, seen: &Seen, now: Instant, settle: Duration) -> Decision {
     let version = match &seen.agreement {
         Agreement::Disagree => return Decision::WaitDisagree,
         Agreement::NotDecodable { version, apiserver } => {
@@ -165,16 +160,25 @@ mod tests {
     fn agreement_reads_entries_not_just_the_common_version() {
         let both = &[B, V];
         assert_eq!(
-            agreement(&status(vec![entry("a", V, both), entry("b", V, both)], Some(V))),
+            agreement(&status(
+                vec![entry("a", V, both), entry("b", V, both)],
+                Some(V)
+            )),
             Agreement::Agreed(V.into())
         );
         // Mixed entries: disagreement, whatever commonEncodingVersion says.
         assert_eq!(
-            agreement(&status(vec![entry("a", V, both), entry("b", B, both)], Some(V))),
+            agreement(&status(
+                vec![entry("a", V, both), entry("b", B, both)],
+                Some(V)
+            )),
             Agreement::Disagree
         );
         assert_eq!(
-            agreement(&status(vec![entry("a", V, both), entry("b", B, both)], None)),
+            agreement(&status(
+                vec![entry("a", V, both), entry("b", B, both)],
+                None
+            )),
             Agreement::Disagree
         );
         // Entries agree but the common version is missing or stale.
@@ -193,7 +197,10 @@ mod tests {
         );
         // An entry that cannot decode the agreed version blocks it.
         assert_eq!(
-            agreement(&status(vec![entry("a", V, both), entry("b", V, &[B])], Some(V))),
+            agreement(&status(
+                vec![entry("a", V, both), entry("b", V, &[B])],
+                Some(V)
+            )),
             Agreement::NotDecodable {
                 version: V.into(),
                 apiserver: "b".into()
@@ -218,7 +225,11 @@ mod tests {
         assert_eq!(s2.since, t0);
         let s3 = Seen::observe(Some(&s2), Agreement::Disagree, t1);
         assert_eq!(s3.since, t1);
-        let s4 = Seen::observe(Some(&s3), Agreement::Agreed(V.into()), t1 + Duration::from_secs(1));
+        let s4 = Seen::observe(
+            Some(&s3),
+            Agreement::Agreed(V.into()),
+            t1 + Duration::from_secs(1),
+        );
         assert_eq!(s4.since, t1 + Duration::from_secs(1));
     }
 

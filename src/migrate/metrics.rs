@@ -99,6 +99,8 @@ impl MigrateMetrics {
     }
 
     pub fn error(&self, operation: &'static str) {
-        self.errors.get_or_create(&OperationLabels { operation }).inc();
+        self.errors
+            .get_or_create(&OperationLabels { operation })
+            .inc();
     }
 }

@@ -89,8 +89,13 @@ impl MigrateHandle {
         let task = self.task.take();
         async move {
             let Some(mut task) = task else { return };
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task).await.is_err() {
-                tracing::warn!("storage migration trigger did not stop within {SHUTDOWN_TIMEOUT:?}");
+            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "storage migration trigger did not stop within {SHUTDOWN_TIMEOUT:?}"
+                );
                 task.abort();
             }
         }

@@ -229,8 +229,7 @@ pub fn migration_name(storageversion: &str, version: &str) -> String {
     let v = version.rsplit('/').next().unwrap_or(version);
     let plain = format!("{storageversion}-{v}");
     let clean = plain.len() <= MAX_NAME
-        && v
-            .bytes()
+        && v.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         && !v.is_empty()
         && storageversion
@@ -298,7 +297,10 @@ mod tests {
         assert!(odd
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'));
-        assert!(odd.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric()));
+        assert!(odd
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric()));
         assert!(migration_name("___", "___").starts_with("svw-"));
     }
 
@@ -344,10 +346,8 @@ mod tests {
         m.status.conditions.push(MigrationCondition {
             type_: "Failed".into(),
             status: "True".into(),
-            last_transition_time: serde_json::from_value(serde_json::json!(
-                "2026-01-01T00:00:03Z"
-            ))
-            .ok(),
+            last_transition_time: serde_json::from_value(serde_json::json!("2026-01-01T00:00:03Z"))
+                .ok(),
             reason: "StorageVersionMigrationFailed".into(),
             message: "denied".into(),
         });

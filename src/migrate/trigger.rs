@@ -82,7 +82,11 @@ impl Trigger {
 
     /// Runs a term each time `leading` turns true, until `shutdown` is cancelled or the
     /// leader election ends.
-    pub async fn run(self: Arc<Self>, mut leading: watch::Receiver<bool>, shutdown: CancellationToken) {
+    pub async fn run(
+        self: Arc<Self>,
+        mut leading: watch::Receiver<bool>,
+        shutdown: CancellationToken,
+    ) {
         loop {
             // Wait to lead.
             loop {
@@ -231,7 +235,11 @@ impl Trigger {
             return;
         }
         match d {
-            Decision::WaitSettle { from, to, remaining } => tracing::info!(
+            Decision::WaitSettle {
+                from,
+                to,
+                remaining,
+            } => tracing::info!(
                 storageversion = name, from = %from, to = %to, remaining = ?remaining,
                 "apiservers agree on a new encoding version; migrating once it has held for the settle time"
             ),
@@ -243,7 +251,8 @@ impl Trigger {
                 storageversion = name, version = %version, "remembering the agreed encoding version"
             ),
             Decision::WaitDisagree if t.logged.contains_key(name) => tracing::info!(
-                storageversion = name, "apiservers disagree on the encoding version; no migration while they do"
+                storageversion = name,
+                "apiservers disagree on the encoding version; no migration while they do"
             ),
             _ => {}
         }
@@ -256,7 +265,10 @@ impl Trigger {
         let name = sv.name();
         let Some(gr) = svm::group_resource(name) else {
             self.metrics.error("create_migration");
-            tracing::warn!(storageversion = name, "StorageVersion name is not <group>.<resource>; cannot migrate it");
+            tracing::warn!(
+                storageversion = name,
+                "StorageVersion name is not <group>.<resource>; cannot migrate it"
+            );
             return false;
         };
         let mname = svm::migration_name(name, to);
@@ -282,7 +294,8 @@ impl Trigger {
             }
         };
         let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
-        let created = tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &obj)).await;
+        let created =
+            tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &obj)).await;
         let result = match created {
             Ok(Ok(_)) => "created",
             Ok(Err(kube::Error::Api(s))) if s.code == 409 => "exists",
@@ -319,8 +332,11 @@ impl Trigger {
     /// Lists our migrations, sets the phase gauges, and reports each final outcome once.
     async fn follow_migrations(&self, t: &mut Term, svs: &[StorageVersion]) {
         let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
-        let lp = ListParams::default()
-            .labels(&format!("{}={}", svm::MANAGED_BY_LABEL, svm::MANAGED_BY_VALUE));
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            svm::MANAGED_BY_LABEL,
+            svm::MANAGED_BY_VALUE
+        ));
         let list = match tokio::time::timeout(CALL_TIMEOUT, api.list(&lp)).await {
             Ok(Ok(l)) => l.items,
             Ok(Err(e)) => {
@@ -374,9 +390,17 @@ impl Trigger {
         if let Some(s) = seconds {
             self.metrics.duration.observe(s);
         }
-        let took = seconds.map(|s| format!(" after {s:.0} s")).unwrap_or_default();
+        let took = seconds
+            .map(|s| format!(" after {s:.0} s"))
+            .unwrap_or_default();
         let (type_, reason, note) = if phase == Phase::Failed {
-            tracing::warn!(migration = name, storageversion = sv_name, version = to, message = message, "StorageVersionMigration failed; not re-creating it (see docs/migration.md)");
+            tracing::warn!(
+                migration = name,
+                storageversion = sv_name,
+                version = to,
+                message = message,
+                "StorageVersionMigration failed; not re-creating it (see docs/migration.md)"
+            );
             (
                 EventType::Warning,
                 "MigrationFailed",
@@ -422,7 +446,13 @@ impl Trigger {
         }
     }
 
-    async fn event(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_string(),
@@ -463,4 +493,3 @@ fn truncate(mut s: String, max: usize) -> String {
     }
     s
 }
-

@@ -84,7 +84,6 @@ pub async fn wait_remembered(cp: &ControlPlane, name: &str, version: &str) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-
 /// Every StorageVersionMigration in the cluster (None when the API cannot be listed).
 pub async fn migrations(cp: &ControlPlane) -> Option<Vec<StorageVersionMigration>> {
     let api: Api<StorageVersionMigration> = Api::all(cp.client.clone());
