@@ -24,6 +24,14 @@ const MAP_PREFIX: &str = "/registry/mutatingadmissionpolicies/";
 const KCM_MIGRATOR: &str =
     "--controllers=storage-version-migrator-controller,garbage-collector-controller";
 
+/// A value that differs from call to call.
+fn rand_probe() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
 fn map_policy(name: &str) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -474,7 +482,8 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
                 "w0",
                 "-n",
                 "default",
-                "probe=1",
+                // A new value each time: kubectl sends nothing for an unchanged label.
+                &format!("probe={}", rand_probe()),
                 "--overwrite",
             ])
             .output()
