@@ -53,6 +53,8 @@ pub struct AuditArgs {
     /// collector, like upstream, keeps entries of expired leases).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub gc_expired_lease_grace: Option<Duration>,
+    #[command(flatten)]
+    pub migrate: crate::migrate::audit::AuditMigrateArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -76,6 +78,9 @@ pub struct AuditReport {
     pub violations: Vec<ObjectViolation>,
     /// What the garbage collector would do.
     pub gc_actions: Vec<GcAction>,
+    /// Resources whose stored objects may still be in an older version (see docs/migration.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale_storage: Vec<crate::migrate::audit::StaleStorage>,
     pub clean: bool,
 }
 
@@ -286,6 +291,7 @@ pub fn render_text(r: &AuditReport) -> String {
             }
         }
     }
+    out.push_str(&crate::migrate::audit::render_text(&r.stale_storage));
     let _ = writeln!(
         out,
         "\n{} stale entries, {} rule violations, {} objects GC would change",
@@ -315,7 +321,9 @@ pub fn run(args: AuditArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-        audit(client, &opts).await
+        let mut report = audit(client.clone(), &opts).await?;
+        crate::migrate::audit::extend(client, &args.migrate, &mut report).await?;
+        anyhow::Ok(report)
     });
     let report = match result {
         Ok(r) => r,

@@ -88,6 +88,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub gc: crate::gc::GcArgs,
+
+    #[command(flatten)]
+    pub migrate: crate::migrate::MigrateArgs,
 }
 
 /// TLS settings of the admission listener.

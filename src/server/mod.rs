@@ -242,7 +242,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     let ready = Arc::clone(&view);
     let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());
-    let gc = crate::gc::spawn(client, args.gc.clone(), &mut registry)?;
+    let gc = crate::gc::spawn(client.clone(), args.gc.clone(), &mut registry)?;
+    let migrate = crate::migrate::spawn(client, &args.migrate, &args.gc, &gc, &mut registry)?;
     let server = Server::bind(
         ServerConfig::from(&args),
         Deps {
@@ -266,6 +267,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let stop = stop.clone();
         tokio::spawn(async move {
             stop.cancelled().await;
+            migrate.shutdown().await;
             gc.shutdown().await;
         })
     };

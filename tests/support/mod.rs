@@ -45,12 +45,19 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn up() -> ControlPlane {
+        ControlPlane::up_with(&[]).await
+    }
+
+    /// `run up <args>` (e.g. `--apiservers 3 --version 1.36`).
+    pub async fn up_with(args: &[&str]) -> ControlPlane {
         let dir = tempfile::Builder::new()
             .prefix("svw-cp-")
             .tempdir()
             .expect("temp dir for the control plane");
         let cp = ControlPlaneDir(dir.path().to_path_buf());
-        cp.run(&["up"]);
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        cp.run(&all);
         let kubeconfig = dir.path().join("kubeconfig");
         let client = storageversion_webhook::kubeclient::client(Some(&kubeconfig))
             .await
@@ -478,3 +485,5 @@ impl Webhook {
 }
 
 pub mod gc;
+pub mod ha;
+pub mod migrate;
