@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::server::args::{parse_duration, parse_positive_duration};
+use crate::duration::{parse_duration, parse_positive_duration};
 
 /// Default name of the ConfigMap that remembers each resource's last agreed version.
 pub const DEFAULT_STATE_CONFIGMAP: &str = "storageversion-webhook-migrate";
