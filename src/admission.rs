@@ -355,7 +355,11 @@ impl Admission {
             if let LeaseLookup::Failed(err) = &lookup {
                 failed += 1;
                 if failed <= LOGGED_LOOKUP_FAILURES {
-                    tracing::warn!(api_server_id = log_field(id), error = log_field(err), "identity lease lookup failed; not denying on it");
+                    tracing::warn!(
+                        api_server_id = log_field(id),
+                        error = log_field(err),
+                        "identity lease lookup failed; not denying on it"
+                    );
                 }
             }
             facts.insert((*id).to_string(), lookup);

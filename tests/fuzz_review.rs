@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use proptest::prelude::*;
 use prometheus_client::registry::Registry;
+use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use storageversion_webhook::admission::{Admission, Enforcement};

@@ -155,10 +155,11 @@ impl<'a> Ratchet<'a> {
     /// `Some(note)` when `v` (a violation of the new object) is excused by the stored object.
     pub fn excuse(&mut self, v: &Violation) -> Option<&'static str> {
         let old = self.old?;
-        if v.entry_id.is_some() && v.code != Code::ApiServerIdDuplicate {
-            if entry_index(&v.path).is_some_and(|i| self.entry_unchanged_at(i)) {
-                return Some(UNCHANGED_NOTE);
-            }
+        if v.entry_id.is_some()
+            && v.code != Code::ApiServerIdDuplicate
+            && entry_index(&v.path).is_some_and(|i| self.entry_unchanged_at(i))
+        {
+            return Some(UNCHANGED_NOTE);
         }
         let places = self.old_places.get_or_insert_with(|| {
             let mut places = HashMap::new();

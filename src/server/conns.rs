@@ -8,7 +8,6 @@
 //! in the kernel's backlog) until a slot frees. A request in progress is never cut off.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -191,7 +190,11 @@ pub enum Ended {
 
 /// Serves `conn` until it ends, closing it gracefully when the slot is asked to (eviction or
 /// drain) or when it has had no request in progress for `idle_timeout`.
-pub async fn drive<C>(conn: C, state: &ConnState, idle_timeout: Duration) -> (Ended, Result<(), C::Error>)
+pub async fn drive<C>(
+    conn: C,
+    state: &ConnState,
+    idle_timeout: Duration,
+) -> (Ended, Result<(), C::Error>)
 where
     C: GracefulConnection,
 {
@@ -211,15 +214,13 @@ where
 }
 
 /// Resolves once the connection has had no request in progress for `timeout`.
-fn idle(state: &ConnState, timeout: Duration) -> impl Future<Output = ()> + '_ {
-    async move {
-        loop {
-            let idle_for = state.idle_for();
-            if idle_for >= timeout {
-                return;
-            }
-            tokio::time::sleep(timeout - idle_for).await;
+async fn idle(state: &ConnState, timeout: Duration) {
+    loop {
+        let idle_for = state.idle_for();
+        if idle_for >= timeout {
+            return;
         }
+        tokio::time::sleep(timeout - idle_for).await;
     }
 }
 
@@ -242,7 +243,10 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), close.cancelled())
             .await
             .expect("the idle connection is asked to close");
-        assert!(!busy.state.close.is_cancelled(), "a busy connection is never evicted");
+        assert!(
+            !busy.state.close.is_cancelled(),
+            "a busy connection is never evicted"
+        );
         drop(idle);
         let third = tokio::time::timeout(Duration::from_secs(5), waiting)
             .await

@@ -123,10 +123,8 @@ pub async fn accept_loop(
         "listener closed; draining connections"
     );
     settings.limit.drain();
-    let drained = tokio::time::timeout(grace, async {
-        while conns.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
     match drained {
         Ok(()) => tracing::info!(listener = settings.name, "all connections closed"),
         Err(_) => tracing::warn!(

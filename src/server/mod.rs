@@ -232,7 +232,8 @@ impl Server {
             config.idle_timeout,
             config.max_connections,
         ));
-        let accept = listener::accept_loop(admission, router, settings, stop, config.shutdown_grace);
+        let accept =
+            listener::accept_loop(admission, router, settings, stop, config.shutdown_grace);
 
         let background_ended = async move {
             if background.is_empty() {
