@@ -26,6 +26,9 @@ use super::tls::ALPN_H2;
 pub const H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a keep-alive ping may go unanswered before the connection is closed.
 pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests in progress at once on one HTTP/2 connection (hyper's default is 200): with
+/// `--max-connections` this bounds the request bodies held in memory at once.
+pub const H2_MAX_CONCURRENT_STREAMS: u32 = 32;
 
 /// How connections are served.
 pub struct ConnSettings {
@@ -57,7 +60,8 @@ impl ConnSettings {
         let mut h2 = http2::Builder::new(TokioExecutor::new());
         h2.timer(TokioTimer::new())
             .keep_alive_interval(Some(H2_KEEP_ALIVE_INTERVAL))
-            .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT);
+            .keep_alive_timeout(H2_KEEP_ALIVE_TIMEOUT)
+            .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS);
         ConnSettings {
             tls,
             handshake_timeout,
