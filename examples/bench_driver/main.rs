@@ -13,6 +13,7 @@
 //!
 //! Each measuring subcommand appends one JSON object per result line to `--out`.
 
+mod capture;
 mod cluster;
 mod load;
 mod procfs;
@@ -43,6 +44,12 @@ enum Command {
         out_validate: PathBuf,
         #[arg(long)]
         out_cheapest: PathBuf,
+        /// A review captured from kube-apiserver (`capture-review`): written to --out-real with
+        /// its apiServerIDs replaced by the first fixture apiserver's, whose lease exists.
+        #[arg(long, requires = "out_real")]
+        real: Option<PathBuf>,
+        #[arg(long)]
+        out_real: Option<PathBuf>,
     },
     /// Create (or renew) live identity leases for the fixture apiservers.
     Leases {
@@ -54,6 +61,8 @@ enum Command {
     },
     /// Run the load generator once and measure around it.
     Load(load::LoadArgs),
+    /// Records one AdmissionReview as kube-apiserver sends it (the second benchmark body).
+    CaptureReview(capture::CaptureArgs),
     /// `/status` write latency through kube-apiserver with and without the webhook.
     Writes(cluster::WritesArgs),
     /// Put the GC scenario's leases and StorageVersions (back) in place.
@@ -82,11 +91,19 @@ fn main() -> std::process::ExitCode {
             entries,
             out_validate,
             out_cheapest,
-        } => write_reviews(entries, &out_validate, &out_cheapest),
+            real,
+            out_real,
+        } => write_reviews(entries, &out_validate, &out_cheapest).and_then(|()| {
+            match (real, out_real) {
+                (Some(real), Some(out)) => write_real_review(&real, &out),
+                _ => Ok(()),
+            }
+        }),
         Command::Leases { kubeconfig, count } => {
             runtime().and_then(|rt| rt.block_on(cluster::fixture_leases(&kubeconfig, count)))
         }
         Command::Load(args) => load::run(&args),
+        Command::CaptureReview(args) => runtime().and_then(|rt| rt.block_on(capture::run(&args))),
         Command::Writes(args) => runtime().and_then(|rt| rt.block_on(cluster::writes(&args))),
         Command::GcReset(args) => runtime().and_then(|rt| rt.block_on(cluster::gc_reset(&args))),
         Command::GcTime(args) => runtime().and_then(|rt| rt.block_on(cluster::gc_time(&args))),
@@ -123,6 +140,27 @@ fn write_reviews(
     std::fs::write(validate, &body)?;
     std::fs::write(cheapest, fixtures::not_a_review(body.len()))?;
     println!("review body: {} bytes", body.len());
+    Ok(())
+}
+
+fn write_real_review(captured: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let text = std::fs::read(captured).with_context(|| format!("read {}", captured.display()))?;
+    let mut review: serde_json::Value = serde_json::from_slice(&text)
+        .with_context(|| format!("{} is not JSON", captured.display()))?;
+    let id = fixtures::apiserver_ids(1).remove(0);
+    for which in ["object", "oldObject"] {
+        if let Some(entries) = review["request"][which]["status"]["storageVersions"].as_array_mut()
+        {
+            for e in entries {
+                e["apiServerID"] = serde_json::Value::String(id.clone());
+            }
+        }
+    }
+    // Compact, as kube-apiserver sends it.
+    let body = serde_json::to_vec(&review)?;
+    std::fs::write(out, &body)?;
+    println!("real review body: {} bytes", body.len());
     Ok(())
 }
 
