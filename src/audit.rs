@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::gc::args::parse_duration;
+use crate::duration::{parse_duration, parse_now};
 use crate::gc::plan::{self, Plan, Removal};
 use crate::model::{
     LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
@@ -63,11 +63,6 @@ pub enum AuditOutput {
     Json,
 }
 
-fn parse_now(s: &str) -> Result<Timestamp, String> {
-    s.parse::<Timestamp>()
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z: {e}"))
-}
-
 /// What `audit` found.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -77,7 +72,7 @@ pub struct AuditReport {
     pub identity_leases: usize,
     /// Entries whose lease is missing, not an apiserver identity lease, or expired.
     pub stale_entries: Vec<StaleEntry>,
-    /// Rule violations of stored objects (rules of design §3 that need no lease data).
+    /// Rule violations of stored objects (rules of docs/design.md §3 that need no lease data).
     pub violations: Vec<ObjectViolation>,
     /// What the garbage collector would do.
     pub gc_actions: Vec<GcAction>,

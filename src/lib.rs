@@ -3,7 +3,10 @@
 
 pub mod admission;
 pub mod audit;
+pub mod catalog;
 pub mod check;
+pub mod cli;
+pub mod duration;
 pub mod gc;
 pub mod kubeclient;
 pub mod leases;

@@ -1,4 +1,4 @@
-//! `serve`: the HTTPS admission listener and the plain-HTTP admin listener (design §6).
+//! `serve`: the HTTPS admission listener and the plain-HTTP admin listener (docs/design.md §6).
 //!
 //! [`Server::bind`] loads the certificate, binds both listeners and returns their addresses;
 //! [`Server::serve`] runs until the given shutdown future resolves and then drains. Tests drive
@@ -31,7 +31,7 @@ use crate::leases::{KubeLeaseView, LeaseView};
 use crate::metrics::Metrics;
 
 pub use admin::{Health, Readiness, ReadyFlag};
-pub use args::{parse_duration, ServeArgs, ServerConfig, TlsSettings, DEFAULT_MAX_REQUEST_BYTES};
+pub use args::{ServeArgs, ServerConfig, TlsSettings, DEFAULT_MAX_REQUEST_BYTES};
 pub use tls::{CertStore, ReloadOutcome};
 
 /// How long the admin listener may take to close once the admission listener has drained.
