@@ -343,8 +343,10 @@ fn assert_ours_kept_everything(run: &UpgradeRun) {
         ],
         "{MAP} commonEncodingVersion: v1beta1 before, absent while mixed, v1 at the end"
     );
+    // Listings are started every 250 ms; one can fail when an apiserver's connection closes
+    // under it (it is retried on the next tick). Bounded, not tight: the machine is shared.
     assert!(
-        run.timeline.max_poll_gap < 2.0,
+        run.timeline.max_poll_gap < 5.0,
         "the recorder went {:.2}s without a listing",
         run.timeline.max_poll_gap
     );

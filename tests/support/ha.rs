@@ -157,9 +157,18 @@ pub struct Ha {
 }
 
 impl Ha {
+    /// `n` apiservers at minor `version`. With `SVW_UPGRADE_EMULATED=1`, the old minor is the
+    /// current binary with `--emulated-version` (no second build needed; for a quick look).
     pub async fn up(n: usize, version: &str) -> Ha {
         let n_s = n.to_string();
-        let mut cp = ControlPlane::up_with(&["--apiservers", &n_s, "--version", version]).await;
+        let emulated =
+            version != NEW && std::env::var("SVW_UPGRADE_EMULATED").as_deref() == Ok("1");
+        let flag = if emulated {
+            "--emulated-version"
+        } else {
+            "--version"
+        };
+        let mut cp = ControlPlane::up_with(&["--apiservers", &n_s, flag, version]).await;
         let env = read_ports_env(cp.state_dir());
         let ports: Vec<u16> = (0..n)
             .map(|i| {
