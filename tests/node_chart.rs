@@ -596,10 +596,15 @@ async fn chart_runs_on_a_real_node() {
 
     // The PodDisruptionBudget (maxUnavailable 1): a second eviction is refused while the first
     // pod's replacement is not ready.
-    pod_api
-        .evict(&pods[0].0, &EvictParams::default())
-        .await
-        .expect("the first eviction is allowed");
+    // (The disruption controller computes the budget asynchronously: retry the first one.)
+    let end = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = pod_api.evict(&pods[0].0, &EvictParams::default()).await {
+        assert!(
+            Instant::now() < end,
+            "the first eviction was refused for 60 s: {e}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let second_eviction = pod_api.evict(&pods[1].0, &EvictParams::default()).await;
     assert!(
         matches!(&second_eviction, Err(kube::Error::Api(s)) if s.code == 429),
