@@ -364,6 +364,25 @@ fn leftovers(cp: &ControlPlane, ns: &str, keep: &[&str]) -> Vec<String> {
     left
 }
 
+/// After `helm uninstall`: nothing of the release is left once its pods have terminated. The
+/// garbage collector's leader Lease is made by the pods, not by Helm, and stays (a known gap,
+/// docs/node.md): it is listed here so that anything else left fails the test.
+async fn uninstalled(cp: &ControlPlane, ns: &str, keep: &[&str]) {
+    let mut keep = keep.to_vec();
+    let leader_lease = format!("lease.coordination.k8s.io/{FULLNAME}-gc");
+    keep.push(&leader_lease);
+    let mut left = Vec::new();
+    let end = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < end {
+        left = leftovers(cp, ns, &keep);
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("helm uninstall left {left:?} after 90 s");
+}
+
 #[test]
 fn image_is_static_small_non_root_and_serves_help() {
     let img = image();
@@ -467,8 +486,7 @@ async fn chart_runs_on_a_real_node() {
             "120s",
         ]),
     );
-    let left = leftovers(&cp, ns, &[]);
-    assert!(left.is_empty(), "helm uninstall left {left:?}");
+    uninstalled(&cp, ns, &[]).await;
     eprintln!("helm mode done after {:?}", t0.elapsed());
 
     // --- an existing Secret, with writes going on throughout.
@@ -644,7 +662,6 @@ async fn chart_runs_on_a_real_node() {
             "120s",
         ]),
     );
-    let left = leftovers(&cp, ns, &["secret/svw-serving"]);
-    assert!(left.is_empty(), "helm uninstall left {left:?}");
+    uninstalled(&cp, ns, &["secret/svw-serving"]).await;
     eprintln!("done after {:?}", t0.elapsed());
 }
