@@ -29,12 +29,20 @@ pub fn image() -> &'static Image {
         let tag = env!("CARGO_PKG_VERSION").to_string();
         let archive =
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("storageversion-webhook.oci.tar");
-        let out = output(
-            Command::new(repo_root().join("scripts/image"))
-                .arg(format!("storageversion-webhook:{tag}"))
-                .arg(&archive)
-                .current_dir(repo_root()),
-        );
+        let mut cmd = Command::new(repo_root().join("scripts/image"));
+        cmd.arg(format!("storageversion-webhook:{tag}"))
+            .arg(&archive)
+            .current_dir(repo_root());
+        // The CARGO_* variables `cargo test` sets for this process are not the user's: without
+        // them the nested release build is the one `scripts/image` run by hand made (when they
+        // leaked through, the crate was rebuilt every time).
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy().into_owned();
+            if k.starts_with("CARGO_") && k != "CARGO_HOME" && k != "CARGO_TARGET_DIR" {
+                cmd.env_remove(&k);
+            }
+        }
+        let out = output(&mut cmd);
         assert!(
             out.status.success(),
             "scripts/image failed ({}):\n{}",
