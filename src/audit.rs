@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::gc::args::parse_duration;
+use crate::duration::{parse_duration, parse_now};
 use crate::gc::plan::{self, Plan, Removal};
 use crate::model::{
     LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
@@ -53,6 +53,8 @@ pub struct AuditArgs {
     /// collector, like upstream, keeps entries of expired leases).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub gc_expired_lease_grace: Option<Duration>,
+    #[command(flatten)]
+    pub migrate: crate::migrate::audit::AuditMigrateArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -61,11 +63,6 @@ pub enum AuditOutput {
     Text,
     /// One JSON document, for programs.
     Json,
-}
-
-fn parse_now(s: &str) -> Result<Timestamp, String> {
-    s.parse::<Timestamp>()
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z: {e}"))
 }
 
 /// What `audit` found.
@@ -77,10 +74,13 @@ pub struct AuditReport {
     pub identity_leases: usize,
     /// Entries whose lease is missing, not an apiserver identity lease, or expired.
     pub stale_entries: Vec<StaleEntry>,
-    /// Rule violations of stored objects (rules of design §3 that need no lease data).
+    /// Rule violations of stored objects (rules of docs/design.md §3 that need no lease data).
     pub violations: Vec<ObjectViolation>,
     /// What the garbage collector would do.
     pub gc_actions: Vec<GcAction>,
+    /// Resources whose stored objects may still be in an older version (see docs/migration.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale_storage: Vec<crate::migrate::audit::StaleStorage>,
     pub clean: bool,
 }
 
@@ -291,6 +291,7 @@ pub fn render_text(r: &AuditReport) -> String {
             }
         }
     }
+    out.push_str(&crate::migrate::audit::render_text(&r.stale_storage));
     let _ = writeln!(
         out,
         "\n{} stale entries, {} rule violations, {} objects GC would change",
@@ -320,7 +321,9 @@ pub fn run(args: AuditArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-        audit(client, &opts).await
+        let mut report = audit(client.clone(), &opts).await?;
+        crate::migrate::audit::extend(client, &args.migrate, &mut report).await?;
+        anyhow::Ok(report)
     });
     let report = match result {
         Ok(r) => r,

@@ -137,13 +137,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Lease names are DNS-1123 subdomains; anything else cannot exist (and is not put in a URL).
-fn could_be_lease_name(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 253
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-}
+use crate::rules::names::is_dns1123_subdomain as could_be_lease_name;
 
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
@@ -564,8 +558,8 @@ impl Term {
         Some(out)
     }
 
-    /// Checks StorageVersion `name` and removes what may be removed (spec §5.5-5.6 plus the
-    /// grace, the re-check, the preconditions and the conflict retries of design §5).
+    /// Checks StorageVersion `name` and removes what may be removed (docs/upstream.md §5 plus the
+    /// grace, the re-check, the preconditions and the conflict retries of docs/design.md §5).
     async fn process(self: &Arc<Self>, name: &str) -> Outcome {
         let Some(Ok(_permit)) = self.cancellable(self.workers.acquire()).await else {
             return Outcome::Cancelled;
@@ -892,7 +886,7 @@ impl Term {
 
 /// Delete options for an object as it was read: resourceVersion and uid preconditions, so a
 /// StorageVersion that changed since (an apiserver re-added itself) or was re-created is kept
-/// (the API server answers 409 Conflict). Upstream deletes unconditionally (spec §7 (b)).
+/// (the API server answers 409 Conflict). Upstream deletes unconditionally (docs/upstream.md §7 (b)).
 pub fn delete_params(read: &StorageVersion) -> DeleteParams {
     DeleteParams {
         preconditions: Some(Preconditions {

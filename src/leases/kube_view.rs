@@ -175,13 +175,7 @@ fn looks_live(record: &LeaseRecord) -> bool {
 }
 
 /// Lease names are DNS-1123 subdomains: anything else cannot exist.
-fn could_be_lease_name(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 253
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-}
+use crate::rules::names::is_dns1123_subdomain as could_be_lease_name;
 
 fn staleness(state: &State) -> Duration {
     state.broken_since.map(|t| t.elapsed()).unwrap_or_default()

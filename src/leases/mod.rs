@@ -1,4 +1,4 @@
-//! The lease view (design §4): what the live-lease rule knows about identity Leases.
+//! The lease view (docs/design.md §4): what the live-lease rule knows about identity Leases.
 //!
 //! [`LeaseView`] is the small seam between admission and the cluster. The cluster-backed view is
 //! [`kube_view::KubeLeaseView`]; [`StaticLeases`] is an in-memory store for unit tests and `check`.
