@@ -487,3 +487,4 @@ impl Webhook {
 pub mod gc;
 pub mod ha;
 pub mod migrate;
+pub mod node;
