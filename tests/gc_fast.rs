@@ -184,7 +184,9 @@ impl Rig {
             .lock()
             .unwrap()
             .iter()
-            .filter(|c| c.method == method && c.path.contains(path_has) && !c.query.contains("watch=true"))
+            .filter(|c| {
+                c.method == method && c.path.contains(path_has) && !c.query.contains("watch=true")
+            })
             .cloned()
             .collect()
     }
@@ -201,7 +203,11 @@ impl Rig {
     async fn run_until(&self, limit: Duration, mut done: impl FnMut(&Rig) -> bool) {
         let end = Instant::now() + limit;
         while !done(self) {
-            assert!(Instant::now() < end, "not done after {limit:?}: {:#?}", self.log.lock().unwrap());
+            assert!(
+                Instant::now() < end,
+                "not done after {limit:?}: {:#?}",
+                self.log.lock().unwrap()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -217,7 +223,13 @@ fn lease_get(path: &str) -> Option<&str> {
 #[tokio::test(start_paused = true)]
 async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
     let objects: Vec<Value> = (0..3)
-        .map(|i| sv(&format!("o{i}.example.com.widgets"), &format!("{}", 10 + i), &[GONE, LIVE]))
+        .map(|i| {
+            sv(
+                &format!("o{i}.example.com.widgets"),
+                &format!("{}", 10 + i),
+                &[GONE, LIVE],
+            )
+        })
         .collect();
     let rig = rig(objects, |call, _| {
         if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
@@ -233,22 +245,41 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
     let (token, task) = rig.start();
 
     tokio::time::sleep(GRACE / 3).await;
-    assert!(rig.calls("GET", LEASES).is_empty(), "looked up before the grace");
-    assert!(rig.metric("stale_entries").ends_with(" 3"), "{}", rig.metric("stale_entries"));
+    assert!(
+        rig.calls("GET", LEASES).is_empty(),
+        "looked up before the grace"
+    );
+    assert!(
+        rig.metric("stale_entries").ends_with(" 3"),
+        "{}",
+        rig.metric("stale_entries")
+    );
 
-    rig.run_until(Duration::from_secs(120), |r| r.calls("PUT", "/status").len() == 3)
-        .await;
+    rig.run_until(Duration::from_secs(120), |r| {
+        r.calls("PUT", "/status").len() == 3
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let gets = rig.calls("GET", LEASES);
     assert_eq!(gets.len(), 1, "one GET for the one gone lease: {gets:#?}");
-    assert!(gets[0].at >= GRACE, "GET at {:?}, before the grace", gets[0].at);
+    assert!(
+        gets[0].at >= GRACE,
+        "GET at {:?}, before the grace",
+        gets[0].at
+    );
     let puts = rig.calls("PUT", "/status");
     assert_eq!(puts.len(), 3, "one write per object");
-    assert!(rig.calls("GET", SVS).len() == 1, "only the initial list read objects");
+    assert!(
+        rig.calls("GET", SVS).len() == 1,
+        "only the initial list read objects"
+    );
     for put in &puts {
         let name = put.body["metadata"]["name"].as_str().unwrap();
         let i: u32 = name[1..2].parse().unwrap();
-        assert_eq!(put.body["metadata"]["resourceVersion"], json!(format!("{}", 10 + i)));
+        assert_eq!(
+            put.body["metadata"]["resourceVersion"],
+            json!(format!("{}", 10 + i))
+        );
         assert_eq!(put.body["status"]["storageVersions"], json!([entry(LIVE)]));
         assert_eq!(put.body["status"]["futureField"], json!({"kept": true}));
         assert!(put.body["metadata"].get("managedFields").is_none());
@@ -261,16 +292,21 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
 /// The lease is back at the GET right before the write: nothing is written.
 #[tokio::test(start_paused = true)]
 async fn a_lease_back_at_the_recheck_keeps_every_entry() {
-    let rig = rig(vec![sv("a.example.com.widgets", "10", &[GONE, LIVE])], |call, _| {
-        if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let rig = rig(
+        vec![sv("a.example.com.widgets", "10", &[GONE, LIVE])],
+        |call, _| {
+            if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
+                Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
+            } else {
+                status(500, "unexpected")
+            }
+        },
+    );
     let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(60), |r| !r.calls("GET", LEASES).is_empty())
-        .await;
+    rig.run_until(Duration::from_secs(60), |r| {
+        !r.calls("GET", LEASES).is_empty()
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(100)).await;
     assert!(rig.calls("PUT", SVS).is_empty() && rig.calls("DELETE", SVS).is_empty());
     assert!(rig.metric("lease_checks").contains("result=\"present\""));
@@ -298,8 +334,10 @@ async fn a_conflict_reads_again_and_retries_on_the_fresh_copy() {
         }
     });
     let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| r.calls("PUT", "/status").len() == 2)
-        .await;
+    rig.run_until(Duration::from_secs(120), |r| {
+        r.calls("PUT", "/status").len() == 2
+    })
+    .await;
     let puts = rig.calls("PUT", "/status");
     assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
     assert_eq!(
@@ -314,19 +352,27 @@ async fn a_conflict_reads_again_and_retries_on_the_fresh_copy() {
 /// A lookup that fails removes nothing, and is retried with backoff.
 #[tokio::test(start_paused = true)]
 async fn lookup_errors_remove_nothing() {
-    let rig = rig(vec![sv("a.example.com.widgets", "10", &[GONE])], |call, _| {
-        if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
-            status(500, "InternalError")
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let rig = rig(
+        vec![sv("a.example.com.widgets", "10", &[GONE])],
+        |call, _| {
+            if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
+                status(500, "InternalError")
+            } else {
+                status(500, "unexpected")
+            }
+        },
+    );
     let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| r.calls("GET", LEASES).len() >= 4)
-        .await;
+    rig.run_until(Duration::from_secs(120), |r| {
+        r.calls("GET", LEASES).len() >= 4
+    })
+    .await;
     assert!(rig.calls("DELETE", SVS).is_empty() && rig.calls("PUT", SVS).is_empty());
     let gets = rig.calls("GET", LEASES);
-    assert!(gets[1].at > gets[0].at && gets[3].at - gets[2].at >= gets[1].at - gets[0].at, "backoff: {gets:#?}");
+    assert!(
+        gets[1].at > gets[0].at && gets[3].at - gets[2].at >= gets[1].at - gets[0].at,
+        "backoff: {gets:#?}"
+    );
     token.cancel();
     task.await.unwrap();
 }
@@ -335,30 +381,47 @@ async fn lookup_errors_remove_nothing() {
 /// term counts its grace from its own start.
 #[tokio::test(start_paused = true)]
 async fn a_new_term_counts_the_grace_from_its_start() {
-    let rig = rig(vec![sv("a.example.com.widgets", "10", &[GONE])], |call, _| {
-        if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
-            not_found()
-        } else if call.method == "DELETE" {
-            Reply::Json(200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let rig = rig(
+        vec![sv("a.example.com.widgets", "10", &[GONE])],
+        |call, _| {
+            if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
+                not_found()
+            } else if call.method == "DELETE" {
+                Reply::Json(
+                    200,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                )
+            } else {
+                status(500, "unexpected")
+            }
+        },
+    );
     let (token, task) = rig.start();
     tokio::time::sleep(GRACE - Duration::from_secs(5)).await;
     token.cancel();
     task.await.unwrap();
     tokio::time::sleep(GRACE).await;
-    assert!(rig.calls("GET", LEASES).is_empty(), "looked up after the term ended");
+    assert!(
+        rig.calls("GET", LEASES).is_empty(),
+        "looked up after the term ended"
+    );
 
     let second = Instant::now();
     let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| r.calls("DELETE", SVS).len() == 1)
-        .await;
-    assert!(second.elapsed() >= GRACE, "the new term did not wait its own grace");
+    rig.run_until(Duration::from_secs(120), |r| {
+        r.calls("DELETE", SVS).len() == 1
+    })
+    .await;
+    assert!(
+        second.elapsed() >= GRACE,
+        "the new term did not wait its own grace"
+    );
     let delete = &rig.calls("DELETE", SVS)[0];
     assert_eq!(delete.body["preconditions"]["resourceVersion"], "10");
-    assert_eq!(delete.body["preconditions"]["uid"], "uid-a.example.com.widgets");
+    assert_eq!(
+        delete.body["preconditions"]["uid"],
+        "uid-a.example.com.widgets"
+    );
     token.cancel();
     task.await.unwrap();
 }

@@ -45,4 +45,3 @@ fn parse_now(s: &str) -> Result<Timestamp, String> {
     s.parse::<Timestamp>()
         .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z: {e}"))
 }
-

@@ -70,4 +70,3 @@ pub fn run(args: AuditArgs) -> ExitCode {
         ExitCode::from(EXIT_FINDINGS)
     }
 }
-

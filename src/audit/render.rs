@@ -75,4 +75,3 @@ pub fn render_text(r: &AuditReport) -> String {
     );
     out
 }
-

@@ -87,10 +87,7 @@ pub fn build_report(
     let mut report = AuditReport {
         now: opts.now.to_string(),
         storage_versions: svs.len(),
-        identity_leases: leases
-            .iter()
-            .filter(|l| l.is_apiserver())
-            .count(),
+        identity_leases: leases.iter().filter(|l| l.is_apiserver()).count(),
         ..AuditReport::default()
     };
     for sv in svs {

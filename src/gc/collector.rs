@@ -186,7 +186,7 @@ struct Observed {
 
 /// How a write went, after [`Term::send`] mapped it.
 enum Sent {
-    Ok(StoredSv),
+    Ok(Box<StoredSv>),
     Conflict,
     Gone,
     Failed,
@@ -247,7 +247,10 @@ impl Term {
     }
 
     /// Lease deletions become suspects to follow up; a lease that is back wakes the loop.
-    async fn follow_leases(self: Arc<Self>, mut changes: tokio::sync::broadcast::Receiver<StoreEvent>) {
+    async fn follow_leases(
+        self: Arc<Self>,
+        mut changes: tokio::sync::broadcast::Receiver<StoreEvent>,
+    ) {
         use tokio::sync::broadcast::error::RecvError;
         loop {
             let event = match self.cancellable(changes.recv()).await {
@@ -326,7 +329,9 @@ impl Term {
         loop {
             let sweep = self.sweep_due.swap(false, Ordering::AcqRel);
             let started = std::time::Instant::now();
-            let Some(next) = self.pass().await else { return };
+            let Some(next) = self.pass().await else {
+                return;
+            };
             if sweep {
                 let took = started.elapsed();
                 self.c.metrics.sweep_duration.observe(took.as_secs_f64());
@@ -391,7 +396,8 @@ impl Term {
                         .entry(id)
                         .or_insert_with(|| judge_stored(record, now, expired_grace));
                     if state.is_gone() {
-                        seen.gone.insert(id.to_string(), state.needs_deletion_grace());
+                        seen.gone
+                            .insert(id.to_string(), state.needs_deletion_grace());
                     }
                     if state.is_gone() || record.is_some_and(is_expired_at(now)) {
                         seen.stale_entries += 1;
@@ -519,7 +525,13 @@ impl Term {
         self.svs
             .state()
             .iter()
-            .filter(|sv| sv.status.known.storage_versions.iter().any(|e| e.api_server_id == id))
+            .filter(|sv| {
+                sv.status
+                    .known
+                    .storage_versions
+                    .iter()
+                    .any(|e| e.api_server_id == id)
+            })
             .map(|sv| sv.name().to_string())
             .collect()
     }
@@ -627,9 +639,17 @@ impl Term {
                     return Some(Outcome::Retry);
                 }
                 Sent::Conflict => {
-                    tracing::debug!(storageversion = current.name(), attempt, "write conflict; reading again");
-                    self.cancellable(tokio::time::sleep(backoff(attempt + 1))).await?;
-                    match self.call("GET storageversion", self.c.svs.get_opt(current.name())).await? {
+                    tracing::debug!(
+                        storageversion = current.name(),
+                        attempt,
+                        "write conflict; reading again"
+                    );
+                    self.cancellable(tokio::time::sleep(backoff(attempt + 1)))
+                        .await?;
+                    match self
+                        .call("GET storageversion", self.c.svs.get_opt(current.name()))
+                        .await?
+                    {
                         Ok(Some(fresh)) => current = fresh.trim(),
                         Ok(None) => {
                             self.c.metrics.check("gone");
@@ -646,7 +666,10 @@ impl Term {
             }
         }
         self.c.metrics.check("error");
-        tracing::warn!(storageversion = stored.name(), "still conflicting; retrying later");
+        tracing::warn!(
+            storageversion = stored.name(),
+            "still conflicting; retrying later"
+        );
         Some(Outcome::Retry)
     }
 
@@ -670,7 +693,10 @@ impl Term {
                 let body = sv.with_status(object.status.clone());
                 let pp = PostParams::default();
                 let put = self.c.svs.replace_status(name, &pp, &body);
-                ("update_status", self.call("PUT storageversion status", put).await?)
+                (
+                    "update_status",
+                    self.call("PUT storageversion status", put).await?,
+                )
             }
             Plan::Delete { .. } => {
                 let dp = delete_params(&sv.to_model());
@@ -685,7 +711,7 @@ impl Term {
                 if operation == "delete" {
                     self.c.metrics.objects_deleted.inc();
                 }
-                Sent::Ok(written)
+                Sent::Ok(Box::new(written))
             }
             // Changed since the stored copy (an apiserver re-added itself): the resourceVersion
             // (or the delete precondition) kept it.
@@ -727,7 +753,12 @@ impl Term {
 
     /// After a successful write of `before` (into `after`, or deleted when `None`): metrics,
     /// log, Event.
-    async fn done(&self, before: &StorageVersion, after: Option<&StorageVersion>, removed: &[Removal]) {
+    async fn done(
+        &self,
+        before: &StorageVersion,
+        after: Option<&StorageVersion>,
+        removed: &[Removal],
+    ) {
         for r in removed {
             let n = before
                 .status

@@ -10,7 +10,9 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{StorageVersion, StorageVersionStatus, API_VERSION, GROUP, KIND, PLURAL, VERSION};
+use crate::model::{
+    StorageVersion, StorageVersionStatus, API_VERSION, GROUP, KIND, PLURAL, VERSION,
+};
 
 /// A StorageVersion as the collector's store holds it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -26,9 +26,15 @@ pub struct KubeLeaseView {
 }
 
 impl KubeLeaseView {
+    /// A view with its own identity-lease watch (tests, tools). `serve` shares one store with
+    /// the collector through [`KubeLeaseView::on_store`].
+    pub fn spawn(client: kube::Client, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
+        Self::on_store(LeaseStore::spawn(client), metrics, max_staleness)
+    }
+
     /// A view on `store` (the process's one identity-lease watch); keeps the lease-view gauges
     /// current in the background.
-    pub fn spawn(store: LeaseStore, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
+    pub fn on_store(store: LeaseStore, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
         let view = Arc::new(KubeLeaseView {
             store,
             metrics,

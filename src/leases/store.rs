@@ -22,7 +22,9 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::{LeaseChange, LeaseSet};
-use crate::model::{LeaseRecord, IDENTITY_LABEL_KEY, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE};
+use crate::model::{
+    LeaseRecord, IDENTITY_LABEL_KEY, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
+};
 
 /// Changes a slow subscriber may fall behind by before it is told it lagged (and re-reads the
 /// whole store instead).
@@ -203,7 +205,10 @@ impl LeaseStore {
             change
         };
         if change != LeaseChange::None {
-            let _ = self.inner.changes.send(StoreEvent::Changed(Arc::new(change)));
+            let _ = self
+                .inner
+                .changes
+                .send(StoreEvent::Changed(Arc::new(change)));
         }
     }
 

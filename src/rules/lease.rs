@@ -74,7 +74,10 @@ fn judge_record(id: &str, record: &LeaseRecord, opts: &RuleOptions) -> LeaseJudg
     };
     let skew = k8s_openapi::jiff::SignedDuration::try_from(opts.lease_skew_allowance)
         .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
-    if expiry.checked_add(skew).map_or(true, |limit| limit > opts.now) {
+    if expiry
+        .checked_add(skew)
+        .map_or(true, |limit| limit > opts.now)
+    {
         return LeaseJudgement::Live;
     }
     expired(format!(

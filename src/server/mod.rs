@@ -236,7 +236,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
     let leases = crate::leases::LeaseStore::spawn(client.clone());
-    let view = KubeLeaseView::spawn(
+    let view = KubeLeaseView::on_store(
         leases.clone(),
         metrics.clone(),
         args.lease_view_max_staleness,
