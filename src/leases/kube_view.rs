@@ -150,3 +150,44 @@ async fn report_staleness(view: std::sync::Weak<KubeLeaseView>) {
         was_stale = is_stale;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher;
+
+    fn detached_store() -> LeaseStore {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        LeaseStore::detached(kube::Client::new(service, "default"))
+    }
+
+    /// A re-list that keeps failing makes `/readyz` fail once the staleness bound has passed;
+    /// only a re-list that completes makes it ready again (before, every `Init` cleared the
+    /// broken mark).
+    #[tokio::test(start_paused = true)]
+    async fn a_relist_that_keeps_failing_makes_readiness_fail() {
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store(store.clone(), metrics, Duration::from_secs(60));
+        assert!(!view.is_ready(), "ready before the first list");
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        assert!(view.is_ready());
+
+        store.failed(&watcher::Error::NoResourceVersion);
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_secs(15)).await;
+            store.apply(watcher::Event::Init);
+            store.failed(&watcher::Error::NoResourceVersion);
+        }
+        assert!(!view.is_ready(), "a failing re-list must count as broken");
+
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        assert!(view.is_ready());
+    }
+}
