@@ -638,31 +638,10 @@ impl Term {
                     self.c.metrics.check("error");
                     return Some(Outcome::Retry);
                 }
-                Sent::Conflict => {
-                    tracing::debug!(
-                        storageversion = current.name(),
-                        attempt,
-                        "write conflict; reading again"
-                    );
-                    self.cancellable(tokio::time::sleep(backoff(attempt + 1)))
-                        .await?;
-                    match self
-                        .call("GET storageversion", self.c.svs.get_opt(current.name()))
-                        .await?
-                    {
-                        Ok(Some(fresh)) => current = fresh.trim(),
-                        Ok(None) => {
-                            self.c.metrics.check("gone");
-                            return Some(Outcome::Done);
-                        }
-                        Err(e) => {
-                            self.c.metrics.error("get_storage_version");
-                            self.c.metrics.check("error");
-                            tracing::warn!(storageversion = current.name(), error = %e, "cannot read StorageVersion after a conflict; retrying later");
-                            return Some(Outcome::Retry);
-                        }
-                    }
-                }
+                Sent::Conflict => match self.reread(current.name(), attempt).await? {
+                    Ok(fresh) => current = fresh,
+                    Err(outcome) => return Some(outcome),
+                },
             }
         }
         self.c.metrics.check("error");
@@ -671,6 +650,33 @@ impl Term {
             "still conflicting; retrying later"
         );
         Some(Outcome::Retry)
+    }
+
+    /// After a conflict: backs off, then reads the object again (`Err`: what became of it).
+    async fn reread(&self, name: &str, attempt: u32) -> Option<Result<StoredSv, Outcome>> {
+        tracing::debug!(
+            storageversion = name,
+            attempt,
+            "write conflict; reading again"
+        );
+        self.cancellable(tokio::time::sleep(backoff(attempt + 1)))
+            .await?;
+        let got = self
+            .call("GET storageversion", self.c.svs.get_opt(name))
+            .await?;
+        Some(match got {
+            Ok(Some(fresh)) => Ok(fresh.trim()),
+            Ok(None) => {
+                self.c.metrics.check("gone");
+                Err(Outcome::Done)
+            }
+            Err(e) => {
+                self.c.metrics.error("get_storage_version");
+                self.c.metrics.check("error");
+                tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion after a conflict; retrying later");
+                Err(Outcome::Retry)
+            }
+        })
     }
 
     fn mark_acted(&self, sv: &StoredSv) {
@@ -797,6 +803,11 @@ impl Term {
                 format!("Removed the entries of {what}; commonEncodingVersion is now {common}"),
             )
         };
+        self.publish(sv, reason, note).await;
+    }
+
+    /// Records a Normal Event on `sv` (best effort: a failure is counted and logged).
+    async fn publish(&self, sv: &StorageVersion, reason: &str, note: String) {
         let event = Event {
             type_: EventType::Normal,
             reason: reason.to_string(),
