@@ -18,8 +18,7 @@ use storageversion_webhook::model::{
 };
 use storageversion_webhook::rules::{self, LeaseFacts, RuleOptions};
 
-#[path = "support/fixtures.rs"]
-mod fixtures;
+use svw_testkit::fixtures;
 
 fn live_record(id: &str) -> LeaseRecord {
     LeaseRecord {

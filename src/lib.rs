@@ -3,12 +3,16 @@
 
 pub mod admission;
 pub mod audit;
+pub mod catalog;
 pub mod check;
+pub mod cli;
+pub mod duration;
 pub mod gc;
 pub mod kubeclient;
 pub mod leases;
 pub mod logging;
 pub mod metrics;
+pub mod migrate;
 pub mod model;
 pub mod rules;
 pub mod server;

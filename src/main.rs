@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use storageversion_webhook::{audit, check, logging, server};
+use storageversion_webhook::{audit, catalog, check, logging, server};
 
 /// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
 #[derive(Parser, Debug)]
@@ -22,22 +22,26 @@ enum Command {
     Check(check::CheckArgs),
     /// Report stale entries and rule violations in a live cluster, and what GC would do (read-only).
     Audit(audit::AuditArgs),
+    /// List every rule code with what it requires and whether kube-apiserver enforces it too.
+    Rules(catalog::RulesArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Every subcommand takes the --log-* flags; held until `main` returns, so that queued log
+    // lines are written out.
+    let _log = match logging::init(&cli.log) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Audit(args) => audit::run(args),
+        Command::Rules(args) => catalog::run(args),
         Command::Serve(args) => {
-            // Held until `main` returns, so that queued log lines are written out.
-            let _log = match logging::init(&cli.log) {
-                Ok(guard) => guard,
-                Err(e) => {
-                    eprintln!("error: {e:#}");
-                    return ExitCode::from(2);
-                }
-            };
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()

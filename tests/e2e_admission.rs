@@ -4,6 +4,7 @@
 //! e2e_gc.rs) cannot change what they look at.
 //!
 //! Run one alone: `cargo test --test e2e_admission -- own_writes_are_admitted --nocapture`.
+//! Tests 1, 2 and 4 also run against kube-apiserver 1.36 (`*_v1_36`, the version matrix).
 
 mod support;
 
@@ -70,13 +71,31 @@ async fn restart_and_rewrite(cp: &ControlPlane) -> (Duration, usize) {
     (took, after)
 }
 
+/// A control plane on the current kube-apiserver, or on `version` (e.g. "1.36").
+async fn up_at(version: Option<&str>) -> ControlPlane {
+    match version {
+        Some(v) => ControlPlane::up_with(&["--version", v]).await,
+        None => ControlPlane::up().await,
+    }
+}
+
 /// Test 1: kube-apiserver restarted with the webhook registered in deny mode (fail closed):
 /// every StorageVersion it writes is admitted, including entries judged by the live-lease rule
 /// against its own identity lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn own_writes_are_admitted() {
+    own_writes_are_admitted_on(None).await
+}
+
+/// Test 1 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn own_writes_are_admitted_v1_36() {
+    own_writes_are_admitted_on(Some("1.36")).await
+}
+
+async fn own_writes_are_admitted_on(version: Option<&str>) {
     let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let cp = up_at(version).await;
     let certs = Certs::generate();
     let hook = Webhook::start(&cp, &certs, &["--enforcement=deny"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
@@ -143,8 +162,18 @@ async fn own_writes_are_admitted() {
 /// label, or an expired lease is denied, naming the webhook and the rule; renewed, it is admitted.
 #[tokio::test(flavor = "multi_thread")]
 async fn stale_entries_are_denied_until_the_lease_is_live() {
+    stale_entries_are_denied_until_the_lease_is_live_on(None).await
+}
+
+/// Test 2 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn stale_entries_are_denied_until_the_lease_is_live_v1_36() {
+    stale_entries_are_denied_until_the_lease_is_live_on(Some("1.36")).await
+}
+
+async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&str>) {
     let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let cp = up_at(version).await;
     let certs = Certs::generate();
     let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
     register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
@@ -312,8 +341,18 @@ async fn lease_created_just_before_the_write_is_honoured() {
 /// the client receives our warning.
 #[tokio::test(flavor = "multi_thread")]
 async fn unchanged_stale_entry_only_warns() {
+    unchanged_stale_entry_only_warns_on(None).await
+}
+
+/// Test 4 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn unchanged_stale_entry_only_warns_v1_36() {
+    unchanged_stale_entry_only_warns_on(Some("1.36")).await
+}
+
+async fn unchanged_stale_entry_only_warns_on(version: Option<&str>) {
     let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let cp = up_at(version).await;
     let certs = Certs::generate();
     let live = "apiserver-e2elive00000000000000000";
     let stale = "apiserver-e2estale0000000000000000";

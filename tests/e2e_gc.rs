@@ -1,4 +1,4 @@
-//! End-to-end proof of the garbage collector (design §5) through a real kube-apiserver. Each
+//! End-to-end proof of the garbage collector (docs/design.md §5) through a real kube-apiserver. Each
 //! test starts its own control plane. Most run the collector in-process (`gc::spawn`); the
 //! tests about processes (two replicas, kill -9, graceful hand-over, the webhook) run the real
 //! `serve` binary.
@@ -78,7 +78,7 @@ async fn wait_event(cp: &ControlPlane, name: &str, reason: &str, mentions: &str)
     }
 }
 
-/// Spec §5.7, the four upstream unit scenarios, with the same outcomes. Seeds that only a fake
+/// docs/upstream.md §5, the four upstream unit scenarios, with the same outcomes. Seeds that only a fake
 /// client accepts are adapted to the nearest valid ones (a real apiserver validates `/status`):
 /// cases 1-3 carry no commonEncodingVersion (upstream's `v1` disagrees with the entries), and
 /// case 3's `-4` entry decodes [v1, v2] (upstream's [v1] does not include its encoding v2), and
@@ -213,7 +213,7 @@ async fn upstream_unit_scenarios() {
     assert_eq!(gc.metric("leader", &[]), 0.0);
 }
 
-/// Spec §5.8, upstream's integration test, step by step on one object name.
+/// docs/upstream.md §5, upstream's integration test, step by step on one object name.
 #[tokio::test(flavor = "multi_thread")]
 async fn upstream_integration_scenarios() {
     let _serial = serial().await;
@@ -391,7 +391,7 @@ async fn live_apiserver_entries_survive_lease_deletion_and_restart() {
 }
 
 /// Better than upstream: a lease lookup that fails (here 403, by RBAC) never removes an entry;
-/// upstream drops the entry on any error (spec §7 (a)). Once the lookup works and says
+/// upstream drops the entry on any error (docs/upstream.md §7 (a)). Once the lookup works and says
 /// NotFound, the entry goes. Also exercises the GC with least-privilege RBAC.
 #[tokio::test(flavor = "multi_thread")]
 async fn lookup_errors_never_remove_entries() {
@@ -548,7 +548,7 @@ async fn deletes_carry_preconditions() {
 }
 
 /// Better than upstream: a lease deleted while no collector ran is cleaned by the sweep on
-/// gaining leadership (upstream only reacts to deletion events it sees, spec §7), for many
+/// gaining leadership (upstream only reacts to deletion events it sees, docs/upstream.md §7), for many
 /// objects at once with bounded concurrency.
 #[tokio::test(flavor = "multi_thread")]
 async fn startup_sweep_cleans_leases_deleted_while_no_gc_ran() {

@@ -2,9 +2,6 @@
 //! clients that trust only the test CA, the admin listener, certificate rotation through a
 //! Secret-volume-like symlink swap, mutual TLS, ALPN, limits and graceful shutdown.
 
-#[path = "common/certs.rs"]
-mod certs;
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,7 +35,7 @@ use storageversion_webhook::metrics::Metrics;
 use storageversion_webhook::model::{LeaseLookup, LeaseRecord, IDENTITY_LABEL_VALUE};
 use storageversion_webhook::server::{CertStore, Deps, ReadyFlag, Server, ServerConfig};
 
-use certs::{client_config, Ca, Leaf};
+use svw_testkit::certs::{client_config, Ca, Leaf};
 
 const LIVE_ID: &str = "apiserver-aaaa";
 const NO_LEASE_ID: &str = "apiserver-nolease";
@@ -74,17 +71,7 @@ fn storage_version(entries: Vec<Value>) -> Value {
         "kind": "StorageVersion",
         "metadata": {"name": "apps.deployments", "uid": "0b9f0c53-9b5e-4c43-8a4f-2f1b4e2f7a10"},
         "spec": {},
-        "status": {
-            "storageVersions": entries,
-            "commonEncodingVersion": "apps/v1",
-            "conditions": [{
-                "type": "AllEncodingVersionsEqual",
-                "status": "True",
-                "lastTransitionTime": "2026-01-01T00:00:00Z",
-                "reason": "CommonEncodingVersionSet",
-                "message": "Common encoding version set",
-            }],
-        },
+        "status": svw_testkit::fixtures::agreed_status(entries, "apps/v1", "2026-01-01T00:00:00Z"),
     })
 }
 
@@ -386,18 +373,13 @@ async fn wait_for_close<S: tokio::io::AsyncRead + Unpin>(mut stream: S) -> Durat
 }
 
 /// Polls `check` until it is true, failing after [`DEADLINE`].
-async fn eventually<F, Fut>(what: &str, mut check: F)
+async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if let Err(e) = svw_testkit::poll_until(DEADLINE, what, check).await {
+        panic!("{e}");
     }
 }
 

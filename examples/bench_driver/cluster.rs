@@ -18,7 +18,7 @@ use storageversion_webhook::model::{
     StorageVersion, IDENTITY_LABEL_KEY, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
 };
 
-use crate::fixtures;
+use svw_testkit::{fixtures, http_get, metric_sum, webhook_configuration};
 
 const VWC_NAME: &str = "storageversion-webhook-bench";
 /// Label on every StorageVersion the benchmarks create.
@@ -106,17 +106,7 @@ fn bench_status(ids: &[String], served: &[&str]) -> Value {
             e
         })
         .collect();
-    json!({
-        "storageVersions": entries,
-        "commonEncodingVersion": v,
-        "conditions": [{
-            "type": "AllEncodingVersionsEqual",
-            "status": "True",
-            "reason": "CommonEncodingVersionSet",
-            "message": "Common encoding version set",
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }],
-    })
+    fixtures::agreed_status(entries, &v, "2026-01-01T00:00:00Z")
 }
 
 /// Creates StorageVersion `name` (labelled `scenario`) if missing and sets its status.
@@ -181,49 +171,14 @@ pub struct WritesArgs {
     out: PathBuf,
 }
 
-fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 async fn register(client: &kube::Client, url: &str, ca_pem: &[u8]) -> anyhow::Result<()> {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": VWC_NAME},
-        "webhooks": [{
-            "name": "storageversions.storageversion-webhook.bench",
-            "clientConfig": {"url": url, "caBundle": base64(ca_pem)},
-            "rules": [{
-                "apiGroups": ["internal.apiserver.k8s.io"],
-                "apiVersions": ["v1alpha1"],
-                "resources": ["storageversions", "storageversions/status"],
-                "operations": ["CREATE", "UPDATE"],
-                "scope": "Cluster"
-            }],
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": "Fail",
-            "matchPolicy": "Equivalent",
-            "timeoutSeconds": 5
-        }]
-    }))?;
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(webhook_configuration(
+        VWC_NAME,
+        "storageversions.storageversion-webhook.bench",
+        url,
+        ca_pem,
+        "Fail",
+    ))?;
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     api.create(&PostParams::default(), &vwc).await?;
     Ok(())
@@ -238,44 +193,17 @@ pub async fn unregister(client: &kube::Client) -> anyhow::Result<()> {
     }
 }
 
-/// A plain HTTP/1.1 GET: the body of a 200, else an error.
-pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| anyhow!("bad HTTP answer from {addr}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-/// Sum of every sample of metric `name` (any labels) in Prometheus text.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 async fn reviews(admin: SocketAddr) -> anyhow::Result<f64> {
-    let (status, body) = http_get(admin, "/metrics").await?;
+    let (status, body) = http_get(admin, "/metrics")
+        .await
+        .ok_or_else(|| anyhow!("GET /metrics on {admin} failed"))?;
     if status != 200 {
         bail!("GET /metrics: {status}");
     }
     Ok(metric_sum(
         &body,
         "storageversion_webhook_admission_reviews_total",
+        &[],
     ))
 }
 
@@ -520,13 +448,7 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
     let total = t0.elapsed();
     let after = apiserver_requests(&client).await?;
     let cost = RequestCost::between(&before, &after);
-    let mut line = serde_json::Map::new();
-    for label in &args.labels {
-        let (k, v) = label
-            .split_once('=')
-            .ok_or_else(|| anyhow!("label {label:?} is not key=value"))?;
-        line.insert(k.into(), json!(v));
-    }
+    let mut line = labelled(&args.labels)?;
     line.insert("mode".into(), json!(sc.mode));
     line.insert("objects".into(), json!(sc.objects));
     line.insert("seconds".into(), json!(total.as_secs_f64()));
@@ -639,8 +561,8 @@ pub struct WaitMetricArgs {
 pub async fn wait_metric(args: &WaitMetricArgs) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     loop {
-        if let Ok((200, body)) = http_get(args.admin, "/metrics").await {
-            if metric_sum(&body, &args.metric) >= args.at_least {
+        if let Some((200, body)) = http_get(args.admin, "/metrics").await {
+            if metric_sum(&body, &args.metric, &[]) >= args.at_least {
                 return Ok(());
             }
         }
@@ -716,4 +638,16 @@ pub async fn populate(args: &PopulateArgs) -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A result line holding the `key=value` labels given on the command line.
+pub fn labelled(labels: &[String]) -> anyhow::Result<serde_json::Map<String, Value>> {
+    let mut line = serde_json::Map::new();
+    for label in labels {
+        let (k, v) = label
+            .split_once('=')
+            .ok_or_else(|| anyhow!("label {label:?} is not key=value"))?;
+        line.insert(k.into(), json!(v));
+    }
+    Ok(line)
 }

@@ -19,10 +19,9 @@ mod procfs;
 mod report;
 mod startup;
 
-#[path = "../../benches/support/fixtures.rs"]
-mod fixtures;
-
 use std::path::PathBuf;
+
+use svw_testkit::fixtures;
 
 use clap::{Parser, Subcommand};
 

@@ -409,7 +409,7 @@ fn gc(
         (**delete**). One lease is deleted and a watch on the objects times until every object \
         is clean (entry removed, or object deleted). Collectors, one at a time, alternating run by run:\n\n\
         - **ours**: `storageversion-webhook serve --gc-lease-deletion-grace 0s` (default is 30 s \
-          by design, §5 of the design; upstream has no grace, so it is set to 0 for this race; \
+          by design, docs/design.md §5; upstream has no grace, so it is set to 0 for this race; \
           the re-check of the lease before every write stays on), concurrency {} (default); \
           started, then the lease deleted once it leads and finished its first sweep.\n\
         - **kcm**: kube-controller-manager {} running only `--controllers=storage-version-gc`, \

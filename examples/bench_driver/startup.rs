@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use serde_json::json;
 
-use crate::cluster::http_get;
 use crate::procfs;
+use svw_testkit::http_get;
 
 #[derive(clap::Args)]
 pub struct StartupArgs {
@@ -62,7 +62,7 @@ pub async fn run(args: &StartupArgs) -> anyhow::Result<()> {
             .with_context(|| format!("start {program}"))?;
         let pid = child.id();
         let ready = loop {
-            if let Ok((200, _)) = http_get(admin, "/readyz").await {
+            if let Some((200, _)) = http_get(admin, "/readyz").await {
                 break t0.elapsed();
             }
             if let Some(status) = child.try_wait()? {
@@ -97,13 +97,7 @@ pub async fn run(args: &StartupArgs) -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let mut line = serde_json::Map::new();
-        for label in &args.labels {
-            let (k, v) = label
-                .split_once('=')
-                .ok_or_else(|| anyhow!("label {label:?} is not key=value"))?;
-            line.insert(k.into(), json!(v));
-        }
+        let mut line = crate::cluster::labelled(&args.labels)?;
         line.insert("rep".into(), json!(rep));
         line.insert("ready_seconds".into(), json!(ready.as_secs_f64()));
         line.insert("rss_ready_mib".into(), json!(rss_ready as f64 / 1024.0));

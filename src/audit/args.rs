@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::gc::args::parse_duration;
+use crate::duration::{parse_duration, parse_now};
 
 #[derive(Clone, Debug, clap::Args)]
 #[command(after_help = "\
@@ -31,6 +31,8 @@ pub struct AuditArgs {
     /// collector, like upstream, keeps entries of expired leases).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub gc_expired_lease_grace: Option<Duration>,
+    #[command(flatten)]
+    pub migrate: crate::migrate::audit::AuditMigrateArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -39,9 +41,4 @@ pub enum AuditOutput {
     Text,
     /// One JSON document, for programs.
     Json,
-}
-
-fn parse_now(s: &str) -> Result<Timestamp, String> {
-    s.parse::<Timestamp>()
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z: {e}"))
 }

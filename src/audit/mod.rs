@@ -44,7 +44,9 @@ pub fn run(args: AuditArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-        audit(client, &opts).await
+        let mut report = audit(client.clone(), &opts).await?;
+        crate::migrate::audit::extend(client, &args.migrate, &mut report).await?;
+        anyhow::Ok(report)
     });
     let report = match result {
         Ok(r) => r,

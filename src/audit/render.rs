@@ -66,6 +66,7 @@ pub fn render_text(r: &AuditReport) -> String {
             }
         }
     }
+    out.push_str(&crate::migrate::audit::render_text(&r.stale_storage));
     let _ = writeln!(
         out,
         "\n{} stale entries, {} rule violations, {} objects GC would change",

@@ -21,10 +21,13 @@ pub struct AuditReport {
     pub identity_leases: usize,
     /// Entries whose lease is missing, not an apiserver identity lease, or expired.
     pub stale_entries: Vec<StaleEntry>,
-    /// Rule violations of stored objects (rules of design §3 that need no lease data).
+    /// Rule violations of stored objects (rules of docs/design.md §3 that need no lease data).
     pub violations: Vec<ObjectViolation>,
     /// What the garbage collector would do.
     pub gc_actions: Vec<GcAction>,
+    /// Resources whose stored objects may still be in an older version (see docs/migration.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale_storage: Vec<crate::migrate::audit::StaleStorage>,
     pub clean: bool,
 }
 

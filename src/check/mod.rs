@@ -23,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::de::Deserializer;
 use serde::Deserialize;
 
+use crate::duration::{parse_duration, parse_now};
 use crate::leases::StaticLeases;
 use crate::model::{LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LEASE_NAMESPACE};
 use crate::rules::{self, Evaluation, LeaseFacts, RuleOptions};
@@ -270,73 +271,4 @@ fn load_leases(path: &Path) -> Result<Vec<LeaseRecord>, InputError> {
         );
     }
     Ok(records)
-}
-
-/// Parses `--now`.
-fn parse_now(s: &str) -> Result<Timestamp, String> {
-    s.parse::<Timestamp>()
-        .map_err(|e| format!("not an RFC 3339 time such as 2025-06-01T12:00:00Z: {e}"))
-}
-
-/// Parses a duration like Go's `time.ParseDuration`: a sequence of decimal numbers with units
-/// `h`, `m`, `s`, `ms`, `us` (or `µs`), `ns`, e.g. `30s`, `1m30s`, `1.5h`; `0` alone is allowed.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let invalid = || format!("invalid duration {s:?}: expected e.g. 30s, 1m30s or 500ms");
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if s.is_empty() {
-        return Err(invalid());
-    }
-    let mut rest = s;
-    let mut nanos = 0f64;
-    while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(invalid)?;
-        let (number, after) = rest.split_at(number_len);
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, after) = after.split_at(unit_len);
-        let value: f64 = number.parse().map_err(|_| invalid())?;
-        let unit_nanos = match unit {
-            "h" => 3_600e9,
-            "m" => 60e9,
-            "s" => 1e9,
-            "ms" => 1e6,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1e3,
-            "ns" => 1.0,
-            _ => return Err(invalid()),
-        };
-        nanos += value * unit_nanos;
-        rest = after;
-    }
-    Duration::try_from_secs_f64(nanos.round() / 1e9).map_err(|_| invalid())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_parse_like_go() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        for bad in ["", "30", "s", "-1s", "1d", "1..5s", "1 s"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
-        }
-    }
-
-    #[test]
-    fn now_must_be_rfc3339() {
-        assert!(parse_now("2025-06-01T12:00:00Z").is_ok());
-        assert!(parse_now("2025-06-01T12:00:00.123456+02:00").is_ok());
-        assert!(parse_now("yesterday").is_err());
-        assert!(parse_now("2025-06-01").is_err());
-    }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::duration::{parse_duration, parse_positive_duration, parse_whole_seconds};
+
 /// Where a pod's service account namespace is mounted.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -9,7 +11,7 @@ pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
 /// Default name of the leader-election Lease.
 pub const DEFAULT_LEADER_LEASE_NAME: &str = "storageversion-webhook-gc";
 
-/// Garbage-collector flags (design §5). Flatten into a subcommand with `#[command(flatten)]`.
+/// Garbage-collector flags (docs/design.md §5). Flatten into a subcommand with `#[command(flatten)]`.
 #[derive(Clone, Debug, clap::Args)]
 pub struct GcArgs {
     /// Run the StorageVersion garbage collector (on by default; only the replica holding the
@@ -79,21 +81,10 @@ pub struct GcArgs {
 }
 
 impl Default for GcArgs {
+    /// The clap defaults (as `--help` prints them).
     fn default() -> Self {
-        GcArgs {
-            gc: true,
-            no_gc: false,
-            gc_leader_lease_name: DEFAULT_LEADER_LEASE_NAME.to_string(),
-            gc_leader_lease_namespace: None,
-            gc_leader_lease_duration: Duration::from_secs(15),
-            gc_leader_lease_grace: Duration::from_secs(5),
-            gc_identity: None,
-            gc_lease_deletion_grace: Duration::from_secs(30),
-            gc_resync_interval: Duration::from_secs(300),
-            gc_concurrency: 8,
-            gc_expired_lease_grace: None,
-            gc_dry_run: false,
-        }
+        // No flag of GcArgs is required and the defaults are constants (a test parses them).
+        crate::cli::defaults(&[]).expect("the gc flags' defaults parse")
     }
 }
 
@@ -163,36 +154,6 @@ fn random_suffix() -> String {
         .unwrap_or_default();
     let h = std::collections::hash_map::RandomState::new().hash_one((nanos, std::process::id()));
     format!("{:08x}", h as u32)
-}
-
-/// A duration like `30s`, `5m`, `500ms`, `1h 30m` (humantime), or `0`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{s:?} is not a duration like 30s, 5m or 500ms: {e}"))
-}
-
-/// A duration greater than zero.
-pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d.is_zero() {
-        return Err(format!("{s:?} must be greater than zero"));
-    }
-    Ok(d)
-}
-
-/// A duration of whole seconds (the Lease API counts in seconds).
-pub fn parse_whole_seconds(s: &str) -> Result<Duration, String> {
-    let d = parse_positive_duration(s)?;
-    if d.subsec_nanos() != 0 {
-        return Err(format!(
-            "{s:?} must be whole seconds (the Lease API counts in seconds)"
-        ));
-    }
-    Ok(d)
 }
 
 #[cfg(test)]

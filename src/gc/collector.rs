@@ -876,7 +876,7 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
 
 /// Delete options for an object as it was read: resourceVersion and uid preconditions, so a
 /// StorageVersion that changed since (an apiserver re-added itself) or was re-created is kept
-/// (the API server answers 409 Conflict). Upstream deletes unconditionally.
+/// (the API server answers 409 Conflict). Upstream deletes unconditionally (docs/upstream.md §7 (b)).
 pub fn delete_params(read: &StorageVersion) -> DeleteParams {
     DeleteParams {
         preconditions: Some(Preconditions {

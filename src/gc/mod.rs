@@ -1,5 +1,6 @@
-//! The StorageVersion garbage collector (see `docs/gc.md`): upstream's `storage-version-gc`
-//! behaviour plus a deletion grace with a re-check before every write, no removal on transient
+//! The StorageVersion garbage collector (how it works: docs/gc.md; design: docs/design.md §5):
+//! upstream's `storage-version-gc` behaviour (docs/upstream.md §5) plus a deletion grace with a
+//! re-check before every write, no removal on transient
 //! errors, delete preconditions, sweeps, bounded concurrency, optional expired-lease grace,
 //! dry-run, Events and metrics. Only the replica holding the leader Lease collects.
 //!

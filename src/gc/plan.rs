@@ -4,8 +4,8 @@
 //! 2. The caller decides which gone apiServerIDs may be removed now (the collector applies its
 //!    deletion grace; `audit` reports what would eventually happen) and calls [`plan`].
 //! 3. [`plan`] returns [`Plan::Nothing`], a rewritten status ([`Plan::Rewrite`], entries kept in
-//!    order, commonEncodingVersion and condition recomputed as upstream, spec §3.3), or
-//!    [`Plan::Delete`] when no entry is left (spec §5.6).
+//!    order, commonEncodingVersion and condition recomputed as upstream, docs/upstream.md §3.3), or
+//!    [`Plan::Delete`] when no entry is left (docs/upstream.md §5.6).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,7 +28,7 @@ pub enum LeaseState {
     /// The lease exists but lacks `apiserver.kubernetes.io/identity=kube-apiserver`.
     NotApiserver { label: Option<String> },
     /// Expired for longer than `--gc-expired-lease-grace` (`expired_at` is `None` when the lease
-    /// has no renewTime or duration, which counts as expired, spec §4.4).
+    /// has no renewTime or duration, which counts as expired, docs/upstream.md §4.4).
     ExpiredBeyondGrace { expired_at: Option<Timestamp> },
     /// The lookup failed: never a reason to remove anything.
     Unknown(String),
@@ -123,7 +123,7 @@ pub struct Removal {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Plan {
     /// Nothing to remove: no write at all (so a stale commonEncodingVersion is left alone, as
-    /// upstream leaves it, spec §5.7 case 2).
+    /// upstream leaves it, docs/upstream.md §5 case 2).
     Nothing,
     /// Write this object (same metadata, so the resourceVersion read) through `/status`.
     Rewrite {
@@ -144,7 +144,7 @@ impl Plan {
 }
 
 /// When an identity lease expires: `renewTime + leaseDurationSeconds`, or `None` when either is
-/// missing (then it counts as expired, spec §4.4).
+/// missing (then it counts as expired, docs/upstream.md §4.4).
 pub fn expiry(record: &LeaseRecord) -> Option<Timestamp> {
     record.expiry()
 }
@@ -289,7 +289,7 @@ mod tests {
         c[0]
     }
 
-    /// Spec §5.7 case 1: lease -1 deleted → [-2, -3], common v2, condition True.
+    /// Upstream GC case 1 (docs/upstream.md §5): lease -1 deleted → [-2, -3], common v2, condition True.
     #[test]
     fn upstream_case_1_common_becomes_v2() {
         let s = sv(
@@ -321,7 +321,7 @@ mod tests {
         assert_eq!(object.metadata.resource_version.as_deref(), Some("42"));
     }
 
-    /// Spec §5.7 case 2: the deleted lease is named by no entry → no write at all, even though
+    /// Upstream GC case 2 (docs/upstream.md §5): the deleted lease is named by no entry → no write at all, even though
     /// the stored common version is inconsistent.
     #[test]
     fn upstream_case_2_nothing_to_remove_means_no_write() {
@@ -333,7 +333,7 @@ mod tests {
         assert_eq!(plan(&s, &BTreeMap::new(), NOW), Plan::Nothing);
     }
 
-    /// Spec §5.7 case 3: entry -4 without a lease goes; order kept; condition False.
+    /// Upstream GC case 3 (docs/upstream.md §5): entry -4 without a lease goes; order kept; condition False.
     #[test]
     fn upstream_case_3_invalid_id_removed_in_order() {
         let s = sv(
@@ -363,7 +363,7 @@ mod tests {
         assert_eq!(cond(&object).reason, "CommonEncodingVersionUnset");
     }
 
-    /// Spec §5.7 case 4: the last entry goes → delete.
+    /// Upstream GC case 4 (docs/upstream.md §5): the last entry goes → delete.
     #[test]
     fn upstream_case_4_last_entry_deletes() {
         let s = sv(&[("kube-apiserver-1", "v1")], None);
@@ -462,7 +462,7 @@ mod tests {
             Some(3600),
         );
         assert_eq!(judge_record(&recent, now, g), LeaseState::Live);
-        // No renewTime: expired (spec §4.4), only when the grace is on.
+        // No renewTime: expired (docs/upstream.md §4.4), only when the grace is on.
         let bare = record(Some("kube-apiserver"), None, None);
         assert_eq!(judge_record(&bare, now, None), LeaseState::Live);
         assert_eq!(

@@ -1,4 +1,4 @@
-//! The lease view (design §4): what the live-lease rule knows about identity Leases.
+//! The lease view (docs/design.md §4): what the live-lease rule knows about identity Leases.
 //!
 //! [`LeaseView`] is the small seam between admission and the cluster. The cluster-backed view is
 //! [`kube_view::KubeLeaseView`], reading the process's one identity-lease watch
@@ -46,13 +46,7 @@ impl LeaseView for StaticLeases {
 }
 
 /// Lease names are DNS-1123 subdomains: anything else cannot exist (and is never put in a URL).
-pub fn could_be_lease_name(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 253
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-}
+pub use crate::rules::names::is_dns1123_subdomain as could_be_lease_name;
 
 mod kube_view;
 mod set;

@@ -1,4 +1,4 @@
-//! Rules beyond upstream validation (design §3), except the live-lease rule (see `lease.rs`):
+//! Rules beyond upstream validation (docs/design.md §3), except the live-lease rule (see `lease.rs`):
 //! the encoding version's group matches the object's name, the set-typed version lists hold no
 //! repeats, and the conditions say something consistent.
 

@@ -1,5 +1,5 @@
 //! Recomputing `commonEncodingVersion` and the `AllEncodingVersionsEqual` condition exactly as
-//! upstream's `SetCommonEncodingVersion` (spec §3.3), and the updater's local update. Used by the
+//! upstream's `SetCommonEncodingVersion` (docs/upstream.md §3.3), and the updater's local update. Used by the
 //! garbage collector when it rewrites an object, and by the rules for the common-version check.
 
 use crate::model::{
@@ -82,7 +82,7 @@ pub fn local_update(sv: &mut StorageVersion, entry: ServerStorageVersion, now: &
 
 #[cfg(test)]
 mod tests {
-    //! The updater tests of spec §3.3 (`TestLocalUpdateStorageVersion`,
+    //! The updater tests of docs/upstream.md §3.3 (`TestLocalUpdateStorageVersion`,
     //! `TestSetCommonEncodingVersion`).
 
     use super::*;

@@ -1,4 +1,4 @@
-//! The live-lease rule (design §3): an entry must name a running kube-apiserver, that is an
+//! The live-lease rule (docs/design.md §3): an entry must name a running kube-apiserver, that is an
 //! identity Lease `kube-system/<apiServerID>` that exists, carries
 //! `apiserver.kubernetes.io/identity=kube-apiserver` and has not expired. Only evidence denies:
 //! a failed lookup never does, and missing lease data skips the rule.

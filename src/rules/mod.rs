@@ -1,4 +1,4 @@
-//! The admission rules of design §3, as pure functions: a StorageVersion (and the stored one it
+//! The admission rules (docs/design.md, "The rules"), as pure functions: a StorageVersion (and the stored one it
 //! replaces, and what is known about identity leases) in, findings out. No I/O, no clock: `now`
 //! is an input. Used by the webhook, by `check` and by `audit`.
 
@@ -22,125 +22,114 @@ use serde::Serialize;
 
 use crate::model::{LeaseLookup, StorageVersion};
 
-/// Stable rule codes. The string form (kebab-case) is part of our interface: it appears in
-/// denials, warnings, logs, metrics labels and `check` output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Code {
-    // upstream parity (spec §2)
-    /// `metadata.name` is not `<group>.<resource>` (group a DNS-1123 subdomain, resource a DNS-1035 label).
-    NameFormat,
-    /// An entry's `apiServerID` is not a DNS-1123 subdomain.
-    ApiServerIdInvalid,
-    /// An `apiServerID` appears in more than one entry (reported on each later one).
-    ApiServerIdDuplicate,
-    /// An encoding, decodable or served version is not a valid `[group/]version` string.
-    VersionInvalid,
-    /// `decodableVersions` does not include the entry's `encodingVersion`.
-    EncodingNotDecodable,
-    /// A served version is not one of the entry's `decodableVersions`.
-    ServedNotDecodable,
-    /// `commonEncodingVersion` is not the version all entries agree on (or is set while they disagree).
-    CommonVersionMismatch,
-    /// A condition type appears more than once.
-    ConditionTypeDuplicate,
-    /// A condition type is not a qualified name.
-    ConditionTypeInvalid,
-    /// A condition status is not a qualified name.
-    ConditionStatusInvalid,
-    /// A condition has no reason.
-    ConditionReasonEmpty,
-    /// A condition has no message.
-    ConditionMessageEmpty,
-    // beyond upstream (design §3)
-    /// `encodingVersion` is in another API group than the one the object's name is about.
-    EncodingGroupMismatch,
-    /// `decodableVersions` (a set) lists a version more than once.
-    DecodableDuplicate,
-    /// `servedVersions` (a set) lists a version more than once.
-    ServedDuplicate,
-    /// A condition status is a qualified name but not `True`, `False` or `Unknown`.
-    ConditionStatusUnknownValue,
-    /// The `AllEncodingVersionsEqual` condition contradicts `commonEncodingVersion`.
-    ConditionDisagreesWithCommon,
-    /// No identity lease exists for an entry's `apiServerID`.
-    LeaseMissing,
-    /// The identity lease of an entry is not labelled as a kube-apiserver's.
-    LeaseNotApiserver,
-    /// The identity lease of an entry has expired (or has no renew time or duration).
-    LeaseExpired,
-    /// The identity lease could not be looked up (a warning only, never a denial).
-    LeaseLookupFailed,
+/// Declares every rule code once, with its stable string, whether kube-apiserver's own validation
+/// enforces it too, and the one-line description `rules` prints (and the README's table is made
+/// from). [`Code::ALL`], [`Code::as_str`], [`Code::is_upstream`], [`Code::description`] and the
+/// serialised form are all derived from this one list.
+macro_rules! rule_codes {
+    ($( $(#[$doc:meta])* $variant:ident = $code:literal, upstream: $upstream:literal, $description:literal; )*) => {
+        /// Stable rule codes. The string form (kebab-case) is part of our interface: it appears in
+        /// denials, warnings, logs, metrics labels and the JSON of `check`, `audit` and `rules`.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Code {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        impl Code {
+            /// Every code, in declaration order (upstream parity first, in upstream's order).
+            pub const ALL: &'static [Code] = &[ $( Code::$variant, )* ];
+
+            /// The stable string: the one form used in text, JSON, metrics and the README.
+            pub fn as_str(self) -> &'static str {
+                match self { $( Code::$variant => $code, )* }
+            }
+
+            /// True for the rules that kube-apiserver's own validation also enforces (see
+            /// `docs/upstream.md`).
+            pub fn is_upstream(self) -> bool {
+                match self { $( Code::$variant => $upstream, )* }
+            }
+
+            /// What the rule requires, in one line (Markdown: code spans in backticks).
+            pub fn description(self) -> &'static str {
+                match self { $( Code::$variant => $description, )* }
+            }
+        }
+    };
 }
 
-impl Code {
-    pub const ALL: &'static [Code] = &[
-        Code::NameFormat,
-        Code::ApiServerIdInvalid,
-        Code::ApiServerIdDuplicate,
-        Code::VersionInvalid,
-        Code::EncodingNotDecodable,
-        Code::ServedNotDecodable,
-        Code::CommonVersionMismatch,
-        Code::ConditionTypeDuplicate,
-        Code::ConditionTypeInvalid,
-        Code::ConditionStatusInvalid,
-        Code::ConditionReasonEmpty,
-        Code::ConditionMessageEmpty,
-        Code::EncodingGroupMismatch,
-        Code::DecodableDuplicate,
-        Code::ServedDuplicate,
-        Code::ConditionStatusUnknownValue,
-        Code::ConditionDisagreesWithCommon,
-        Code::LeaseMissing,
-        Code::LeaseNotApiserver,
-        Code::LeaseExpired,
-        Code::LeaseLookupFailed,
-    ];
+rule_codes! {
+    // Upstream parity (docs/upstream.md), in upstream's order.
+    /// `metadata.name` is not `<group>.<resource>` (group a DNS-1123 subdomain, resource a DNS-1035 label).
+    NameFormat = "name-format", upstream: true,
+        "`metadata.name` is `<group>.<resource>`: group a DNS-1123 subdomain, resource a DNS-1035 label";
+    /// An entry's `apiServerID` is not a DNS-1123 subdomain.
+    ApiServerIdInvalid = "apiserverid-invalid", upstream: true,
+        "`apiServerID` is a DNS-1123 subdomain";
+    /// An `apiServerID` appears in more than one entry (reported on each later one).
+    ApiServerIdDuplicate = "apiserverid-duplicate", upstream: true,
+        "no two entries for one `apiServerID`";
+    /// An encoding, decodable or served version is not a valid `[group/]version` string.
+    VersionInvalid = "version-invalid", upstream: true,
+        "encoding/decodable/served versions are `version` or `group/version`";
+    /// `decodableVersions` does not include the entry's `encodingVersion`.
+    EncodingNotDecodable = "encoding-not-decodable", upstream: true,
+        "`encodingVersion` is one of `decodableVersions`";
+    /// A served version is not one of the entry's `decodableVersions`.
+    ServedNotDecodable = "served-not-decodable", upstream: true,
+        "every `servedVersions` item is one of `decodableVersions`";
+    /// `commonEncodingVersion` is not the version all entries agree on (or is set while they disagree).
+    CommonVersionMismatch = "common-version-mismatch", upstream: true,
+        "`commonEncodingVersion` is set exactly when all entries agree, to their version";
+    /// A condition type appears more than once.
+    ConditionTypeDuplicate = "condition-type-duplicate", upstream: true,
+        "condition types are unique";
+    /// A condition type is not a qualified name.
+    ConditionTypeInvalid = "condition-type-invalid", upstream: true,
+        "condition type is a qualified name";
+    /// A condition status is not a qualified name.
+    ConditionStatusInvalid = "condition-status-invalid", upstream: true,
+        "condition status is a qualified name";
+    /// A condition has no reason.
+    ConditionReasonEmpty = "condition-reason-empty", upstream: true,
+        "condition reason is set";
+    /// A condition has no message.
+    ConditionMessageEmpty = "condition-message-empty", upstream: true,
+        "condition message is set";
+    // Beyond upstream (docs/design.md).
+    /// `encodingVersion` is in another API group than the one the object's name is about.
+    EncodingGroupMismatch = "encoding-group-mismatch", upstream: false,
+        "`encodingVersion`'s group is the group in the object's name (`core` = no group)";
+    /// `decodableVersions` (a set) lists a version more than once.
+    DecodableDuplicate = "decodable-duplicate", upstream: false,
+        "`decodableVersions` holds no duplicates (it is a set)";
+    /// `servedVersions` (a set) lists a version more than once.
+    ServedDuplicate = "served-duplicate", upstream: false,
+        "`servedVersions` holds no duplicates (it is a set)";
+    /// A condition status is a qualified name but not `True`, `False` or `Unknown`.
+    ConditionStatusUnknownValue = "condition-status-unknown-value", upstream: false,
+        "condition status is `True`, `False` or `Unknown`";
+    /// The `AllEncodingVersionsEqual` condition contradicts `commonEncodingVersion`.
+    ConditionDisagreesWithCommon = "condition-disagrees-with-common", upstream: false,
+        "`AllEncodingVersionsEqual` agrees with `commonEncodingVersion`";
+    /// No identity lease exists for an entry's `apiServerID`.
+    LeaseMissing = "lease-missing", upstream: false,
+        "an added or changed entry's apiserver has an identity Lease in `kube-system`";
+    /// The identity lease of an entry is not labelled as a kube-apiserver's.
+    LeaseNotApiserver = "lease-not-apiserver", upstream: false,
+        "that Lease carries `apiserver.kubernetes.io/identity=kube-apiserver`";
+    /// The identity lease of an entry has expired (or has no renew time or duration).
+    LeaseExpired = "lease-expired", upstream: false,
+        "that Lease is live: `renewTime + leaseDurationSeconds + skew allowance > now`";
+    /// The identity lease could not be looked up (a warning only, never a denial).
+    LeaseLookupFailed = "lease-lookup-failed", upstream: false,
+        "the lease could not be looked up: always only a warning, never a denial";
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Code::NameFormat => "name-format",
-            Code::ApiServerIdInvalid => "apiserverid-invalid",
-            Code::ApiServerIdDuplicate => "apiserverid-duplicate",
-            Code::VersionInvalid => "version-invalid",
-            Code::EncodingNotDecodable => "encoding-not-decodable",
-            Code::ServedNotDecodable => "served-not-decodable",
-            Code::CommonVersionMismatch => "common-version-mismatch",
-            Code::ConditionTypeDuplicate => "condition-type-duplicate",
-            Code::ConditionTypeInvalid => "condition-type-invalid",
-            Code::ConditionStatusInvalid => "condition-status-invalid",
-            Code::ConditionReasonEmpty => "condition-reason-empty",
-            Code::ConditionMessageEmpty => "condition-message-empty",
-            Code::EncodingGroupMismatch => "encoding-group-mismatch",
-            Code::DecodableDuplicate => "decodable-duplicate",
-            Code::ServedDuplicate => "served-duplicate",
-            Code::ConditionStatusUnknownValue => "condition-status-unknown-value",
-            Code::ConditionDisagreesWithCommon => "condition-disagrees-with-common",
-            Code::LeaseMissing => "lease-missing",
-            Code::LeaseNotApiserver => "lease-not-apiserver",
-            Code::LeaseExpired => "lease-expired",
-            Code::LeaseLookupFailed => "lease-lookup-failed",
-        }
-    }
-
-    /// True for the rules that kube-apiserver's own validation (spec §2) also enforces.
-    pub fn is_upstream(self) -> bool {
-        matches!(
-            self,
-            Code::NameFormat
-                | Code::ApiServerIdInvalid
-                | Code::ApiServerIdDuplicate
-                | Code::VersionInvalid
-                | Code::EncodingNotDecodable
-                | Code::ServedNotDecodable
-                | Code::CommonVersionMismatch
-                | Code::ConditionTypeDuplicate
-                | Code::ConditionTypeInvalid
-                | Code::ConditionStatusInvalid
-                | Code::ConditionReasonEmpty
-                | Code::ConditionMessageEmpty
-        )
+/// Serialised as [`Code::as_str`], so JSON says what text, metrics and the README say.
+impl Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -279,7 +268,7 @@ pub fn violations(sv: &StorageVersion) -> Vec<Violation> {
     out
 }
 
-/// Judges one write: every rule of design §3, with ratcheting against `old` (the stored object
+/// Judges one write: every rule (see [`Code`]), with ratcheting against `old` (the stored object
 /// on UPDATE, `None` on CREATE). `leases` holds the lookups of [`lease_ids`]; an ID missing from
 /// it is treated as [`LeaseLookup::Unknown`].
 pub fn evaluate(

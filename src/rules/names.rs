@@ -1,4 +1,4 @@
-//! apimachinery's name and version string checks, with upstream's exact messages (spec §2.1,
+//! apimachinery's name and version string checks, with upstream's exact messages (docs/upstream.md §2.1,
 //! §2.4 and §2.6).
 //!
 //! Each check comes twice: a `matches_*`/`is_*` predicate that never allocates (the hot path asks
@@ -34,7 +34,7 @@ pub const QUALIFIED_NAME_MSG: &str = "must consist of alphanumeric characters, '
 pub const QUALIFIED_NAME_TOO_MANY_PARTS_MSG: &str = "a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
 
 /// The StorageVersion API-version check's single message for a value with more than one `/`
-/// (spec §2.6: note ", which" and the double space before `or`).
+/// (docs/upstream.md §2.6: note ", which" and the double space before `or`).
 pub const API_VERSION_TOO_MANY_PARTS_MSG: &str = "an apiVersion is a DNS-1035 label, which must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyVersion')";
 
 fn is_lower_alnum(b: u8) -> bool {
@@ -197,7 +197,7 @@ pub fn is_api_version(s: &str) -> bool {
     is_dns1035_label(version)
 }
 
-/// The StorageVersion API-version string check (spec §2.6): `version` or `group/version`, the
+/// The StorageVersion API-version string check (docs/upstream.md §2.6): `version` or `group/version`, the
 /// group a DNS-1123 subdomain and the version a DNS-1035 label. Messages are prefixed
 /// `group part: ` and `version part: `; upstream joins them with `,` for one field error.
 pub fn api_version(s: &str) -> Vec<String> {

@@ -1,4 +1,4 @@
-//! Ratcheting (design §3): what a write leaves unchanged is never the reason for a denial.
+//! Ratcheting (docs/design.md §3): what a write leaves unchanged is never the reason for a denial.
 //!
 //! A violation in the new object is only a warning when
 //! (a) it lies inside an entry that the stored object already has, unchanged (same apiServerID,

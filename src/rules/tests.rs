@@ -1,4 +1,4 @@
-//! Tests of the rules: every upstream case of spec §2 (messages compared through `Violation`'s
+//! Tests of the rules: every upstream case of docs/upstream.md §2 (messages compared through `Violation`'s
 //! apimachinery-style `Display`), the rules beyond upstream, the lease rule and ratcheting.
 
 use std::time::Duration;
@@ -124,7 +124,7 @@ fn finding_summary(e: &Evaluation) -> Vec<(Code, Severity, Option<&str>)> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §2.1 TestValidateStorageVersionName
+// docs/upstream.md §2.1 TestValidateStorageVersionName
 
 #[test]
 fn name_table() {
@@ -200,7 +200,7 @@ fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §2.2 TestValidateStorageVersionStatus
+// docs/upstream.md §2.2 TestValidateStorageVersionStatus
 
 #[test]
 fn duplicate_api_server_id() {
@@ -240,7 +240,7 @@ fn duplicate_api_server_id() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §2.3 / §2.6 TestValidateServerStorageVersion
+// docs/upstream.md §2.3 / §2.6 TestValidateServerStorageVersion
 
 const SUBDOMAIN_MSG: &str = r"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
@@ -371,7 +371,7 @@ fn empty_decodable_list_fails_and_empty_id_fails() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §2.5 TestValidateCommonVersion
+// docs/upstream.md §2.5 TestValidateCommonVersion
 
 fn common_violations(encs: &[&str], common: Option<&str>) -> Vec<Violation> {
     let status = StorageVersionStatus {
@@ -426,7 +426,7 @@ fn common_version_cases() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §2.4 TestValidateStorageVersionCondition
+// docs/upstream.md §2.4 TestValidateStorageVersionCondition
 
 fn condition_violations(conditions: Vec<StorageVersionCondition>) -> Vec<Violation> {
     let mut out = Vec::new();
@@ -515,7 +515,7 @@ fn condition_checks_in_order() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §2.8 strategy-test object
+// docs/upstream.md §2.8 strategy-test object
 
 #[test]
 fn strategy_test_object_is_valid() {

@@ -1,9 +1,9 @@
-//! Upstream parity: kube-apiserver's own StorageVersion validation (spec §2.1-2.5), with the same
+//! Upstream parity: kube-apiserver's own StorageVersion validation (docs/upstream.md §2.1-2.5), with the same
 //! checks, in the same order, with the same messages.
 //!
 //! One deliberate difference: upstream indexes the condition list on the `status` path itself, so
 //! its condition errors read `status[i].type`; ours read `status.conditions[i].type`, the path of
-//! the field that is actually wrong (spec §2.4, §7 (f)). Messages are unchanged.
+//! the field that is actually wrong (docs/upstream.md §2.4, §7 (f)). Messages are unchanged.
 
 use super::common::actual_common_encoding_version;
 use super::lists::{repeats, Members};
@@ -36,7 +36,7 @@ pub fn name_group(name: &str) -> Option<&str> {
 }
 
 /// `metadata.name` must be `<group>.<resource>`: split at the last dot, the group a DNS-1123
-/// subdomain and the resource a DNS-1035 label (spec §2.1).
+/// subdomain and the resource a DNS-1035 label (docs/upstream.md §2.1).
 pub fn check_name(name: &str, out: &mut Vec<Violation>) {
     let mut push = |message: String| {
         out.push(Violation {
@@ -62,7 +62,7 @@ pub fn check_name(name: &str, out: &mut Vec<Violation>) {
 }
 
 /// `status`: per entry the duplicate-ID check then the entry's own checks, then the common
-/// version, then the conditions (spec §2.2).
+/// version, then the conditions (docs/upstream.md §2.2).
 pub fn check_status(status: &StorageVersionStatus, out: &mut Vec<Violation>) {
     let entries = &status.storage_versions;
     let duplicates = repeats(entries, |e| e.api_server_id.as_str());
@@ -108,7 +108,7 @@ pub(super) fn entry_violation(
     }
 }
 
-/// One `ServerStorageVersion` (spec §2.3).
+/// One `ServerStorageVersion` (docs/upstream.md §2.3).
 pub fn check_entry(i: usize, entry: &ServerStorageVersion, out: &mut Vec<Violation>) {
     let id = &entry.api_server_id;
     if !names::is_dns1123_subdomain(id) {
@@ -195,7 +195,7 @@ pub fn check_entry(i: usize, entry: &ServerStorageVersion, out: &mut Vec<Violati
     }
 }
 
-/// `commonEncodingVersion` must be the version every entry agrees on, or absent (spec §2.5).
+/// `commonEncodingVersion` must be the version every entry agrees on, or absent (docs/upstream.md §2.5).
 pub fn check_common(status: &StorageVersionStatus, out: &mut Vec<Violation>) {
     let actual = actual_common_encoding_version(&status.storage_versions);
     let given = status.common_encoding_version.as_deref();
@@ -236,7 +236,7 @@ pub(super) fn condition_violation(
     }
 }
 
-/// The conditions (spec §2.4): unique type, type and status qualified names, non-empty reason
+/// The conditions (docs/upstream.md §2.4): unique type, type and status qualified names, non-empty reason
 /// and message. Neither type nor status is restricted to the defined values here.
 pub fn check_conditions(conditions: &[StorageVersionCondition], out: &mut Vec<Violation>) {
     let duplicates = repeats(conditions, |c| c.type_.as_str());

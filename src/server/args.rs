@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::admission::Enforcement;
+use crate::duration::{parse_duration, parse_positive_duration};
 
 /// The apiserver's own request body limit.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 1024 * 1024;
@@ -87,6 +88,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub gc: crate::gc::GcArgs,
+
+    #[command(flatten)]
+    pub migrate: crate::migrate::MigrateArgs,
 }
 
 /// TLS settings of the admission listener.
@@ -117,26 +121,20 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// The defaults of the `serve` flags, with the given certificate and key files.
+    /// The defaults of the `serve` flags (as `--help` prints them), with the given certificate
+    /// and key files.
     pub fn new(cert_file: impl Into<PathBuf>, key_file: impl Into<PathBuf>) -> Self {
-        ServerConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8443)),
-            admin_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            tls: TlsSettings {
-                cert_file: cert_file.into(),
-                key_file: key_file.into(),
-                client_ca_file: None,
-                http2: false,
-                reload_interval: Duration::from_secs(1),
-                handshake_timeout: Duration::from_secs(10),
-            },
-            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-            header_read_timeout: Duration::from_secs(120),
-            shutdown_delay: Duration::ZERO,
-            shutdown_grace: Duration::from_secs(25),
-            enforcement: Enforcement::Deny,
-            lease_skew_allowance: Duration::from_secs(30),
-        }
+        let files = [
+            "--tls-cert-file".into(),
+            cert_file.into().into_os_string(),
+            "--tls-key-file".into(),
+            key_file.into().into_os_string(),
+        ];
+        // Only the two required flags are given, and the defaults are constants (a test parses
+        // them), so this cannot fail at run time.
+        let args: ServeArgs =
+            crate::cli::defaults(&files).expect("the serve flags' defaults parse");
+        ServerConfig::from(&args)
     }
 }
 
@@ -163,72 +161,6 @@ impl From<&ServeArgs> for ServerConfig {
     }
 }
 
-/// Parses a duration written as one or more `<number><unit>` parts, e.g. `30s`, `5m`, `500ms`,
-/// `1m30s`, `1.5s`. Units: `ns`, `us`, `ms`, `s`, `m`, `h`. A bare `0` is zero.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let s = text.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if s.is_empty() {
-        return Err("empty duration; write e.g. 30s, 5m or 500ms".to_string());
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (num, after) = rest.split_at(num_len);
-        if num.is_empty() {
-            return Err(format!(
-                "{text:?} is not a duration: expected a number at {rest:?}; write e.g. 30s, 5m or 500ms"
-            ));
-        }
-        let unit_len = after
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(after.len());
-        let (unit, next) = after.split_at(unit_len);
-        let nanos_per_unit: f64 = match unit {
-            "ns" => 1.0,
-            "us" | "µs" => 1e3,
-            "ms" => 1e6,
-            "s" => 1e9,
-            "m" => 60e9,
-            "h" => 3600e9,
-            "" => {
-                return Err(format!(
-                    "{text:?} is not a duration: {num:?} has no unit (ns, us, ms, s, m, h)"
-                ))
-            }
-            other => {
-                return Err(format!(
-                    "{text:?} is not a duration: unknown unit {other:?} (use ns, us, ms, s, m, h)"
-                ))
-            }
-        };
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("{text:?} is not a duration: {num:?} is not a number"))?;
-        let part = Duration::try_from_secs_f64(value * nanos_per_unit / 1e9)
-            .map_err(|e| format!("{text:?} is not a duration: {e}"))?;
-        total = total
-            .checked_add(part)
-            .ok_or_else(|| format!("{text:?} is too long a duration"))?;
-        rest = next;
-    }
-    Ok(total)
-}
-
-/// Like [`parse_duration`], but zero is refused.
-pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
-    let d = parse_duration(text)?;
-    if d.is_zero() {
-        return Err(format!("{text:?}: must be more than zero"));
-    }
-    Ok(d)
-}
-
 fn parse_max_bytes(text: &str) -> Result<usize, String> {
     let n: usize = text
         .trim()
@@ -249,24 +181,6 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         serve: ServeArgs,
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration(" 2s "), Ok(Duration::from_secs(2)));
-        for bad in ["", "30", "s", "3x", "1.2.3s", "-1s", "ms5"] {
-            assert!(parse_duration(bad).is_err(), "{bad:?} should not parse");
-        }
-        assert!(parse_positive_duration("0s").is_err());
-        assert!(parse_positive_duration("1ms").is_ok());
     }
 
     #[test]

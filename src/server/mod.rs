@@ -1,4 +1,4 @@
-//! `serve`: the HTTPS admission listener and the plain-HTTP admin listener (design §6).
+//! `serve`: the HTTPS admission listener and the plain-HTTP admin listener (docs/design.md §6).
 //!
 //! [`Server::bind`] loads the certificate, binds both listeners and returns their addresses;
 //! [`Server::serve`] runs until the given shutdown future resolves and then drains. Tests drive
@@ -31,7 +31,7 @@ use crate::leases::{KubeLeaseView, LeaseView};
 use crate::metrics::Metrics;
 
 pub use admin::{Health, Readiness, ReadyFlag};
-pub use args::{parse_duration, ServeArgs, ServerConfig, TlsSettings, DEFAULT_MAX_REQUEST_BYTES};
+pub use args::{ServeArgs, ServerConfig, TlsSettings, DEFAULT_MAX_REQUEST_BYTES};
 pub use tls::{CertStore, ReloadOutcome};
 
 /// How long the admin listener may take to close once the admission listener has drained.
@@ -243,7 +243,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     let ready = Arc::clone(&view);
     let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());
-    let gc = crate::gc::spawn_sharing(client, args.gc.clone(), &mut registry, leases)?;
+    let gc = crate::gc::spawn_sharing(client.clone(), args.gc.clone(), &mut registry, leases)?;
+    let migrate = crate::migrate::spawn(client, &args.migrate, &args.gc, &gc, &mut registry)?;
     let server = Server::bind(
         ServerConfig::from(&args),
         Deps {
@@ -267,6 +268,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let stop = stop.clone();
         tokio::spawn(async move {
             stop.cancelled().await;
+            migrate.shutdown().await;
             gc.shutdown().await;
         })
     };

@@ -96,7 +96,7 @@ impl InProcessGc {
 }
 
 /// A lease as upstream's unit-test helper builds it: name = holder, label set, no renewTime and
-/// no duration (spec §5.7).
+/// no duration (docs/upstream.md §5).
 pub fn upstream_lease(name: &str) -> Lease {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "coordination.k8s.io/v1",

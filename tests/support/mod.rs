@@ -45,12 +45,19 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn up() -> ControlPlane {
+        ControlPlane::up_with(&[]).await
+    }
+
+    /// `run up <args>` (e.g. `--apiservers 3 --version 1.36`).
+    pub async fn up_with(args: &[&str]) -> ControlPlane {
         let dir = tempfile::Builder::new()
             .prefix("svw-cp-")
             .tempdir()
             .expect("temp dir for the control plane");
         let cp = ControlPlaneDir(dir.path().to_path_buf());
-        cp.run(&["up"]);
+        let mut all = vec!["up"];
+        all.extend_from_slice(args);
+        cp.run(&all);
         let kubeconfig = dir.path().join("kubeconfig");
         let client = storageversion_webhook::kubeclient::client(Some(&kubeconfig))
             .await
@@ -286,79 +293,22 @@ fn listening_addrs(line: &str) -> Option<(SocketAddr, SocketAddr)> {
     Some((addr, admin))
 }
 
-/// A plain HTTP/1.1 GET on the admin listener: (status, body).
-pub async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
-/// Polls `cond` every 100 ms until it holds or `deadline` passes.
-pub async fn poll_until<F, Fut>(deadline: Duration, what: &str, mut cond: F) -> Result<(), String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let end = Instant::now() + deadline;
-    loop {
-        if cond().await {
-            return Ok(());
-        }
-        if Instant::now() > end {
-            return Err(format!("timed out after {deadline:?} waiting for {what}"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The value of a metric line `name{labels} value` summed over every line that starts with
-/// `name` and contains all of `labels` (each like `verdict="denied"`).
-pub fn metric_sum(metrics: &str, name: &str, labels: &[&str]) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.split(['{', ' ']).next().is_some_and(|n| n == name))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+// Shared with the benchmarks and the bench driver: the test kit (testkit/).
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use svw_testkit::{base64, http_get, metric_sum, poll_until};
 
 /// Registers the webhook as the issue describes: URL on loopback, CA bundle, storageversions and
 /// storageversions/status, CREATE and UPDATE.
 pub async fn register_webhook(cp: &ControlPlane, url: &str, ca_pem: &str, failure_policy: &str) {
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "storageversion-webhook"},
-        "webhooks": [{
-            "name": WEBHOOK_NAME,
-            "clientConfig": {"url": url, "caBundle": base64(ca_pem.as_bytes())},
-            "rules": [{
-                "apiGroups": ["internal.apiserver.k8s.io"],
-                "apiVersions": ["v1alpha1"],
-                "resources": ["storageversions", "storageversions/status"],
-                "operations": ["CREATE", "UPDATE"],
-                "scope": "Cluster"
-            }],
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": failure_policy,
-            "matchPolicy": "Equivalent",
-            "timeoutSeconds": 5
-        }]
-    }))
-    .expect("webhook configuration");
+    let vwc: ValidatingWebhookConfiguration =
+        serde_json::from_value(svw_testkit::webhook_configuration(
+            "storageversion-webhook",
+            WEBHOOK_NAME,
+            url,
+            ca_pem.as_bytes(),
+            failure_policy,
+        ))
+        .expect("webhook configuration");
     let api: Api<ValidatingWebhookConfiguration> = Api::all(cp.client.clone());
     let _ = api
         .delete("storageversion-webhook", &DeleteParams::default())
@@ -373,28 +323,6 @@ pub async fn unregister_webhook(cp: &ControlPlane) {
     let _ = api
         .delete("storageversion-webhook", &DeleteParams::default())
         .await;
-}
-
-/// Standard base64 with padding (for caBundle), without pulling in a crate for it.
-pub fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// An identity lease as kube-apiserver writes it, renewed `renewed_ago` before now.
@@ -495,17 +423,8 @@ pub async fn put_status(
 /// common version and condition kube-apiserver would write.
 pub fn status_for(group: &str, ids: &[&str]) -> serde_json::Value {
     let v = format!("{group}/v1");
-    serde_json::json!({
-        "storageVersions": ids.iter().map(|id| entry(id, &v, &[&v])).collect::<Vec<_>>(),
-        "commonEncodingVersion": v,
-        "conditions": [{
-            "type": "AllEncodingVersionsEqual",
-            "status": "True",
-            "reason": "CommonEncodingVersionSet",
-            "message": "Common encoding version set",
-            "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }],
-    })
+    let entries = ids.iter().map(|id| entry(id, &v, &[&v])).collect();
+    svw_testkit::fixtures::agreed_status(entries, &v, "2026-01-01T00:00:00Z")
 }
 
 /// The text of an API error (kube's error message), or "" for success.
@@ -566,3 +485,5 @@ impl Webhook {
 }
 
 pub mod gc;
+pub mod ha;
+pub mod migrate;

@@ -45,6 +45,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-gc" (include "svw.fullname" .)) .Values.gc.leaderElection.leaseName -}}
 {{- end -}}
 
+{{- define "svw.migrateStateConfigMap" -}}
+{{- default (printf "%s-migrate" (include "svw.fullname" .)) .Values.migrate.stateConfigMap -}}
+{{- end -}}
+
 {{- define "svw.webhookName" -}}
 {{- default (printf "storageversions.%s.%s.svc" (include "svw.fullname" .) .Release.Namespace) .Values.webhook.name -}}
 {{- end -}}

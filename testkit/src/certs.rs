@@ -1,8 +1,6 @@
 //! Test PKI made with rcgen: a CA, serving certificates for 127.0.0.1/localhost, client
 //! certificates, and rustls client configurations that trust only the test CA.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

@@ -1,9 +1,6 @@
 //! Realistic StorageVersion objects and AdmissionReviews for the benchmarks, shaped like what
 //! kube-apiserver v1.37 writes and sends: metadata with managedFields, one entry per apiserver,
 //! the common encoding version and the `AllEncodingVersionsEqual` condition.
-//!
-//! Shared by `benches/rules.rs` and `examples/bench_driver.rs` (included with `#[path]`).
-#![allow(dead_code)]
 
 use serde_json::{json, Value};
 
@@ -87,17 +84,23 @@ pub fn storage_version(ids: &[String], resource_version: u64, last_without_serve
             ]
         },
         "spec": {},
-        "status": {
-            "storageVersions": entries,
-            "commonEncodingVersion": "apps/v1",
-            "conditions": [{
-                "type": "AllEncodingVersionsEqual",
-                "status": "True",
-                "lastTransitionTime": "2026-03-02T09:12:40Z",
-                "reason": "CommonEncodingVersionSet",
-                "message": "Common encoding version set"
-            }]
-        }
+        "status": agreed_status(entries, "apps/v1", "2026-03-02T09:12:40Z")
+    })
+}
+
+/// A status whose `entries` all encode `version`, with the common version and the
+/// `AllEncodingVersionsEqual` condition kube-apiserver writes for it (transition at `since`).
+pub fn agreed_status(entries: Vec<Value>, version: &str, since: &str) -> Value {
+    json!({
+        "storageVersions": entries,
+        "commonEncodingVersion": version,
+        "conditions": [{
+            "type": "AllEncodingVersionsEqual",
+            "status": "True",
+            "lastTransitionTime": since,
+            "reason": "CommonEncodingVersionSet",
+            "message": "Common encoding version set"
+        }]
     })
 }
 

@@ -1,0 +1,361 @@
+//! `storagemigration.k8s.io/v1` `StorageVersionMigration`: our own serde types (k8s-openapi's
+//! feature set does not include it), the deterministic name of the migration for a
+//! (resource, version), and how to read a migration's phase from its conditions.
+//!
+//! Schema as served by kube-apiserver v1.37: `spec.resource` is a `{group, resource}`
+//! (no version: the migrator rewrites every object in whatever version the apiservers encode
+//! now), `status.conditions` are `metav1.Condition`s of type `Running`, `Succeeded`, `Failed`,
+//! and `status.resourceVersion` is the list resourceVersion the migration covers.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "storagemigration.k8s.io";
+pub const VERSION: &str = "v1";
+pub const API_VERSION: &str = "storagemigration.k8s.io/v1";
+pub const KIND: &str = "StorageVersionMigration";
+pub const PLURAL: &str = "storageversionmigrations";
+
+/// Label on every migration this program creates (and the selector it lists them by).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "storageversion-webhook";
+/// Annotations on a migration we created: the StorageVersion it is for, the version agreed on
+/// and the version agreed on before.
+pub const ANNOTATION_STORAGEVERSION: &str = "storageversion-webhook.io/storageversion";
+pub const ANNOTATION_VERSION: &str = "storageversion-webhook.io/encoding-version";
+pub const ANNOTATION_PREVIOUS: &str = "storageversion-webhook.io/previous-encoding-version";
+/// Set once the migration's outcome has been reported (Event, log), so that a restart or a new
+/// leader does not report it again.
+pub const ANNOTATION_REPORTED: &str = "storageversion-webhook.io/reported";
+
+/// Longest object name (a DNS-1123 subdomain).
+const MAX_NAME: usize = 253;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageVersionMigration {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: MigrationSpec,
+    #[serde(default)]
+    pub status: MigrationStatus,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrationSpec {
+    #[serde(default)]
+    pub resource: GroupResource,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupResource {
+    /// `""` for the core group.
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<MigrationCondition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationCondition {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+impl kube::Resource for StorageVersionMigration {
+    type DynamicType = ();
+    type Scope = kube::core::ClusterResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(KIND)
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(GROUP)
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(VERSION)
+    }
+    fn api_version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(API_VERSION)
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(PLURAL)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Where a migration stands, from its conditions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Created; the migrator has not started it yet.
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 4] = [
+        Phase::Pending,
+        Phase::Running,
+        Phase::Succeeded,
+        Phase::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "pending",
+            Phase::Running => "running",
+            Phase::Succeeded => "succeeded",
+            Phase::Failed => "failed",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+impl StorageVersionMigration {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("")
+    }
+
+    fn condition(&self, type_: &str) -> Option<&MigrationCondition> {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "True")
+    }
+
+    /// Failed wins over Succeeded (the migrator sets only one of them), then Running.
+    pub fn phase(&self) -> Phase {
+        if self.condition("Failed").is_some() {
+            Phase::Failed
+        } else if self.condition("Succeeded").is_some() {
+            Phase::Succeeded
+        } else if self.condition("Running").is_some() {
+            Phase::Running
+        } else {
+            Phase::Pending
+        }
+    }
+
+    /// The message of the condition that decided the phase (empty when pending).
+    pub fn phase_message(&self) -> &str {
+        let t = match self.phase() {
+            Phase::Failed => "Failed",
+            Phase::Succeeded => "Succeeded",
+            Phase::Running => "Running",
+            Phase::Pending => return "",
+        };
+        self.condition(t).map(|c| c.message.as_str()).unwrap_or("")
+    }
+
+    /// Seconds from creation to the final condition's transition, when both are known.
+    pub fn duration_seconds(&self) -> Option<f64> {
+        let created = self.metadata.creation_timestamp.as_ref()?.0;
+        let t = match self.phase() {
+            Phase::Failed => "Failed",
+            Phase::Succeeded => "Succeeded",
+            _ => return None,
+        };
+        let done = self.condition(t)?.last_transition_time.as_ref()?.0;
+        let d = done.duration_since(created);
+        Some(d.as_secs_f64().max(0.0))
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    }
+}
+
+/// Splits a StorageVersion name `<group>.<resource>` into the API group (`""` for `core`) and
+/// the resource. None when the name has no dot or an empty part.
+pub fn group_resource(storageversion: &str) -> Option<GroupResource> {
+    let (group, resource) = storageversion.rsplit_once('.')?;
+    if group.is_empty() || resource.is_empty() {
+        return None;
+    }
+    Some(GroupResource {
+        group: if group == "core" {
+            String::new()
+        } else {
+            group.to_string()
+        },
+        resource: resource.to_string(),
+    })
+}
+
+/// The one name of the migration of StorageVersion `storageversion` to `version` (`group/v` or
+/// `v`): `<storageversion>-<v>`, so that a restart or another replica finds the migration
+/// instead of creating a second one. Names too long or with characters a name cannot hold end
+/// in a stable hash instead.
+pub fn migration_name(storageversion: &str, version: &str) -> String {
+    let v = version.rsplit('/').next().unwrap_or(version);
+    let plain = format!("{storageversion}-{v}");
+    let clean = plain.len() <= MAX_NAME
+        && v.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        && !v.is_empty()
+        && storageversion
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        && storageversion
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
+    if clean {
+        return plain;
+    }
+    let hash = format!("{:016x}", fnv1a(plain.as_bytes()));
+    let prefix: String = plain
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '.' | '-' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .take(MAX_NAME - hash.len() - 1)
+        .collect();
+    let prefix = prefix.trim_matches(|c| c == '-' || c == '.');
+    if prefix.is_empty() {
+        format!("svw-{hash}")
+    } else {
+        format!("{prefix}-{hash}")
+    }
+}
+
+/// 64-bit FNV-1a: a hash that is the same on every build and platform.
+fn fnv1a(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_deterministic_and_valid() {
+        assert_eq!(
+            migration_name(
+                "admissionregistration.k8s.io.mutatingadmissionpolicies",
+                "admissionregistration.k8s.io/v1"
+            ),
+            "admissionregistration.k8s.io.mutatingadmissionpolicies-v1"
+        );
+        assert_eq!(migration_name("core.pods", "v1"), "core.pods-v1");
+        assert_ne!(
+            migration_name("core.pods", "v1"),
+            migration_name("core.pods", "v2")
+        );
+        let long = format!("{}.things", "a".repeat(300));
+        let n = migration_name(&long, "g/v1");
+        assert!(n.len() <= MAX_NAME, "{}", n.len());
+        assert_eq!(n, migration_name(&long, "g/v1"));
+        assert_ne!(n, migration_name(&long, "g/v2"));
+        let odd = migration_name("Weird_Name.x", "g/V1+x");
+        assert!(odd
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'));
+        assert!(odd
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric()));
+        assert!(migration_name("___", "___").starts_with("svw-"));
+    }
+
+    #[test]
+    fn group_resource_of_names() {
+        assert_eq!(
+            group_resource("core.pods"),
+            Some(GroupResource {
+                group: String::new(),
+                resource: "pods".into()
+            })
+        );
+        assert_eq!(
+            group_resource("admissionregistration.k8s.io.mutatingadmissionpolicies"),
+            Some(GroupResource {
+                group: "admissionregistration.k8s.io".into(),
+                resource: "mutatingadmissionpolicies".into()
+            })
+        );
+        assert_eq!(group_resource("pods"), None);
+        assert_eq!(group_resource(".pods"), None);
+        assert_eq!(group_resource("core."), None);
+    }
+
+    #[test]
+    fn phases_from_conditions() {
+        let mut m: StorageVersionMigration = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "x", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"resource": {"group": "g", "resource": "r"}},
+        }))
+        .expect("decodes");
+        assert_eq!(m.phase(), Phase::Pending);
+        assert_eq!(m.duration_seconds(), None);
+        m = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "x", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"conditions": [
+                {"type": "Running", "status": "True", "reason": "r", "message": "0/2",
+                 "lastTransitionTime": "2026-01-01T00:00:01Z"},
+            ]},
+        }))
+        .expect("decodes");
+        assert_eq!(m.phase(), Phase::Running);
+        m.status.conditions.push(MigrationCondition {
+            type_: "Failed".into(),
+            status: "True".into(),
+            last_transition_time: serde_json::from_value(serde_json::json!("2026-01-01T00:00:03Z"))
+                .ok(),
+            reason: "StorageVersionMigrationFailed".into(),
+            message: "denied".into(),
+        });
+        assert_eq!(m.phase(), Phase::Failed);
+        assert_eq!(m.phase_message(), "denied");
+        assert_eq!(m.duration_seconds(), Some(3.0));
+        // A condition that is not True does not count.
+        m.status.conditions[1].status = "False".into();
+        assert_eq!(m.phase(), Phase::Running);
+    }
+}

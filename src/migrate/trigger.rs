@@ -1,0 +1,495 @@
+//! The I/O edge: while this replica leads, every `--migrate-interval` it lists the
+//! StorageVersions and the migrations it created, applies [`super::decide`] to each resource,
+//! creates the migrations that are due, and reports the outcome of each migration once
+//! (metrics, a log line, an Event on the StorageVersion).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::Resource;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::decide::{self, Decision, Seen};
+use super::metrics::{MigrateMetrics, PhaseLabels, ResultLabels, StateLabels};
+use super::state::{self, Memory};
+use super::svm::{self, Phase, StorageVersionMigration};
+use crate::model::{self, StorageVersion};
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Event notes are cut to this many bytes (the API limit is 1 kB).
+const MAX_NOTE: usize = 1000;
+
+/// Plain configuration of the trigger.
+#[derive(Clone, Debug)]
+pub struct TriggerConfig {
+    pub settle: Duration,
+    pub interval: Duration,
+    /// Namespace and name of the state ConfigMap.
+    pub namespace: String,
+    pub configmap: String,
+}
+
+pub struct Trigger {
+    client: kube::Client,
+    cfg: TriggerConfig,
+    metrics: MigrateMetrics,
+    recorder: Recorder,
+}
+
+/// What one leadership term remembers between passes.
+#[derive(Default)]
+struct Term {
+    /// None until the state ConfigMap was read.
+    memory: Option<Memory>,
+    /// The memory has changes not yet written.
+    dirty: bool,
+    seen: HashMap<String, Seen>,
+    /// Migrations whose outcome this process has reported.
+    reported: HashSet<String>,
+    /// Last phase logged per migration.
+    phases: HashMap<String, Phase>,
+    /// Last decision kind logged per StorageVersion (to log changes only).
+    logged: HashMap<String, String>,
+}
+
+impl Trigger {
+    pub fn new(
+        client: kube::Client,
+        cfg: TriggerConfig,
+        metrics: MigrateMetrics,
+        identity: &str,
+    ) -> Trigger {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "storageversion-webhook-migrate".to_string(),
+                instance: Some(identity.to_string()),
+            },
+        );
+        Trigger {
+            client,
+            cfg,
+            metrics,
+            recorder,
+        }
+    }
+
+    /// Runs a term each time `leading` turns true, until `shutdown` is cancelled or the
+    /// leader election ends.
+    pub async fn run(
+        self: Arc<Self>,
+        mut leading: watch::Receiver<bool>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            // Wait to lead.
+            loop {
+                if *leading.borrow_and_update() {
+                    break;
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    changed = leading.changed() => if changed.is_err() { return },
+                }
+            }
+            tracing::info!("leading: storage migration trigger starting");
+            let term = shutdown.child_token();
+            let work = Arc::clone(&self).lead(term.clone());
+            tokio::pin!(work);
+            let ended_by_election = loop {
+                tokio::select! {
+                    () = &mut work => break false,
+                    changed = leading.changed() => {
+                        if changed.is_err() || !*leading.borrow_and_update() {
+                            break true;
+                        }
+                    }
+                }
+            };
+            term.cancel();
+            if ended_by_election {
+                // Let the term finish what it is writing (each call is bounded).
+                let _ = tokio::time::timeout(CALL_TIMEOUT * 2, &mut work).await;
+                tracing::info!("no longer leading: storage migration trigger stopped");
+            }
+            if shutdown.is_cancelled() {
+                return;
+            }
+        }
+    }
+
+    async fn lead(self: Arc<Self>, term: CancellationToken) {
+        let mut t = Term::default();
+        loop {
+            self.pass(&mut t, &term).await;
+            tokio::select! {
+                () = term.cancelled() => return,
+                () = tokio::time::sleep(self.cfg.interval) => {}
+            }
+        }
+    }
+
+    /// One pass over every StorageVersion and every migration we created.
+    async fn pass(&self, t: &mut Term, term: &CancellationToken) {
+        if t.memory.is_none() {
+            match state::load(&self.client, &self.cfg.namespace, &self.cfg.configmap).await {
+                Ok(m) => t.memory = Some(m),
+                Err(e) => {
+                    self.metrics.error("read_state");
+                    tracing::warn!(error = %format!("{e:#}"), "cannot read the migration state; nothing is decided until it can be read");
+                    return;
+                }
+            }
+        }
+        let svs: Api<StorageVersion> = Api::all(self.client.clone());
+        let svs = match tokio::time::timeout(CALL_TIMEOUT, svs.list(&ListParams::default())).await {
+            Ok(Ok(list)) => list.items,
+            Ok(Err(e)) => {
+                self.metrics.error("list_storageversions");
+                tracing::warn!(error = %e, "cannot list StorageVersions");
+                return;
+            }
+            Err(_) => {
+                self.metrics.error("list_storageversions");
+                tracing::warn!("listing StorageVersions timed out");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut counts: HashMap<&'static str, i64> = HashMap::new();
+        let present: HashSet<&str> = svs.iter().map(|s| s.name()).collect();
+        t.seen.retain(|k, _| present.contains(k.as_str()));
+        for sv in &svs {
+            if term.is_cancelled() {
+                return;
+            }
+            let name = sv.name().to_string();
+            let seen = Seen::observe(t.seen.get(&name), decide::agreement(&sv.status), now);
+            let remembered = t.memory.as_ref().and_then(|m| m.get(&name)).cloned();
+            let decision = decide::decide(remembered.as_deref(), &seen, now, self.cfg.settle);
+            t.seen.insert(name.clone(), seen);
+            *counts.entry(state_label(&decision)).or_default() += 1;
+            self.log_decision(t, &name, &decision);
+            match decision {
+                Decision::Remember { version } => {
+                    if let Some(m) = t.memory.as_mut() {
+                        m.insert(name, version);
+                        t.dirty = true;
+                    }
+                }
+                Decision::Migrate { from, to } => {
+                    if self.create(sv, &from, &to).await {
+                        if let Some(m) = t.memory.as_mut() {
+                            m.insert(name, to);
+                            t.dirty = true;
+                        }
+                    }
+                }
+                Decision::UpToDate
+                | Decision::WaitDisagree
+                | Decision::BlockedNotDecodable { .. }
+                | Decision::WaitSettle { .. } => {}
+            }
+        }
+        for s in ["up_to_date", "settling", "disagree", "not_decodable"] {
+            self.metrics
+                .resources
+                .get_or_create(&StateLabels { state: s })
+                .set(counts.get(s).copied().unwrap_or(0));
+        }
+        if t.dirty {
+            if let Some(m) = &t.memory {
+                match state::save(&self.client, &self.cfg.namespace, &self.cfg.configmap, m).await {
+                    Ok(()) => t.dirty = false,
+                    Err(e) => {
+                        self.metrics.error("write_state");
+                        tracing::warn!(error = %format!("{e:#}"), "cannot write the migration state; retrying next pass");
+                    }
+                }
+            }
+        }
+        self.follow_migrations(t, &svs).await;
+        self.metrics.checks.inc();
+    }
+
+    fn log_decision(&self, t: &mut Term, name: &str, d: &Decision) {
+        let kind = format!("{d:?}")
+            .split([' ', '{', '('])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let key = match d {
+            Decision::WaitSettle { to, .. } => format!("{kind}:{to}"),
+            Decision::BlockedNotDecodable { version, apiserver } => {
+                format!("{kind}:{version}:{apiserver}")
+            }
+            _ => kind,
+        };
+        if t.logged.get(name) == Some(&key) {
+            return;
+        }
+        match d {
+            Decision::WaitSettle {
+                from,
+                to,
+                remaining,
+            } => tracing::info!(
+                storageversion = name, from = %from, to = %to, remaining = ?remaining,
+                "apiservers agree on a new encoding version; migrating once it has held for the settle time"
+            ),
+            Decision::BlockedNotDecodable { version, apiserver } => tracing::warn!(
+                storageversion = name, version = %version, apiserver = %apiserver,
+                "apiservers agree on a version one of them cannot decode; no migration"
+            ),
+            Decision::Remember { version } => tracing::info!(
+                storageversion = name, version = %version, "remembering the agreed encoding version"
+            ),
+            Decision::WaitDisagree if t.logged.contains_key(name) => tracing::info!(
+                storageversion = name,
+                "apiservers disagree on the encoding version; no migration while they do"
+            ),
+            _ => {}
+        }
+        t.logged.insert(name.to_string(), key);
+    }
+
+    /// Creates the migration of `sv` to `to`; true when it exists afterwards (created now or
+    /// before, by us or another replica).
+    async fn create(&self, sv: &StorageVersion, from: &str, to: &str) -> bool {
+        let name = sv.name();
+        let Some(gr) = svm::group_resource(name) else {
+            self.metrics.error("create_migration");
+            tracing::warn!(
+                storageversion = name,
+                "StorageVersion name is not <group>.<resource>; cannot migrate it"
+            );
+            return false;
+        };
+        let mname = svm::migration_name(name, to);
+        let obj: StorageVersionMigration = match serde_json::from_value(serde_json::json!({
+            "apiVersion": svm::API_VERSION,
+            "kind": svm::KIND,
+            "metadata": {
+                "name": mname,
+                "labels": {svm::MANAGED_BY_LABEL: svm::MANAGED_BY_VALUE},
+                "annotations": {
+                    svm::ANNOTATION_STORAGEVERSION: name,
+                    svm::ANNOTATION_VERSION: to,
+                    svm::ANNOTATION_PREVIOUS: from,
+                },
+            },
+            "spec": {"resource": gr},
+        })) {
+            Ok(o) => o,
+            Err(e) => {
+                self.metrics.error("create_migration");
+                tracing::warn!(storageversion = name, error = %e, "cannot build the migration");
+                return false;
+            }
+        };
+        let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
+        let created =
+            tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &obj)).await;
+        let result = match created {
+            Ok(Ok(_)) => "created",
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => "exists",
+            Ok(Err(e)) => {
+                self.metrics.error("create_migration");
+                tracing::warn!(storageversion = name, migration = %mname, error = %e, "cannot create the StorageVersionMigration");
+                return false;
+            }
+            Err(_) => {
+                self.metrics.error("create_migration");
+                tracing::warn!(storageversion = name, migration = %mname, "creating the StorageVersionMigration timed out");
+                return false;
+            }
+        };
+        self.metrics
+            .created
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        if result == "created" {
+            tracing::info!(storageversion = name, migration = %mname, from = %from, to = %to, "created StorageVersionMigration");
+            self.event(
+                &sv.object_ref(&()),
+                EventType::Normal,
+                "MigrationCreated",
+                format!("Every apiserver encodes {name} as {to} (was {from}) for the settle time: created StorageVersionMigration {mname}"),
+            )
+            .await;
+        } else {
+            tracing::info!(storageversion = name, migration = %mname, "StorageVersionMigration already exists; not creating another");
+        }
+        true
+    }
+
+    /// Lists our migrations, sets the phase gauges, and reports each final outcome once.
+    async fn follow_migrations(&self, t: &mut Term, svs: &[StorageVersion]) {
+        let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
+        let lp = ListParams::default().labels(&format!(
+            "{}={}",
+            svm::MANAGED_BY_LABEL,
+            svm::MANAGED_BY_VALUE
+        ));
+        let list = match tokio::time::timeout(CALL_TIMEOUT, api.list(&lp)).await {
+            Ok(Ok(l)) => l.items,
+            Ok(Err(e)) => {
+                self.metrics.error("list_migrations");
+                tracing::debug!(error = %e, "cannot list StorageVersionMigrations");
+                return;
+            }
+            Err(_) => {
+                self.metrics.error("list_migrations");
+                return;
+            }
+        };
+        let mut by_phase: HashMap<Phase, i64> = HashMap::new();
+        for m in &list {
+            let phase = m.phase();
+            *by_phase.entry(phase).or_default() += 1;
+            let name = m.name().to_string();
+            if t.phases.get(&name) != Some(&phase) && !phase.is_final() {
+                tracing::info!(migration = %name, phase = phase.as_str(), message = m.phase_message(), "StorageVersionMigration progress");
+            }
+            t.phases.insert(name.clone(), phase);
+            if !phase.is_final()
+                || t.reported.contains(&name)
+                || m.annotation(svm::ANNOTATION_REPORTED).is_some()
+            {
+                continue;
+            }
+            self.report(m, phase, svs).await;
+            t.reported.insert(name);
+        }
+        for p in Phase::ALL {
+            self.metrics
+                .migrations
+                .get_or_create(&PhaseLabels { phase: p.as_str() })
+                .set(by_phase.get(&p).copied().unwrap_or(0));
+        }
+    }
+
+    async fn report(&self, m: &StorageVersionMigration, phase: Phase, svs: &[StorageVersion]) {
+        let name = m.name();
+        let sv_name = m.annotation(svm::ANNOTATION_STORAGEVERSION).unwrap_or("");
+        let to = m.annotation(svm::ANNOTATION_VERSION).unwrap_or("?");
+        let message = m.phase_message();
+        let seconds = m.duration_seconds();
+        self.metrics
+            .outcomes
+            .get_or_create(&ResultLabels {
+                result: phase.as_str(),
+            })
+            .inc();
+        if let Some(s) = seconds {
+            self.metrics.duration.observe(s);
+        }
+        let took = seconds
+            .map(|s| format!(" after {s:.0} s"))
+            .unwrap_or_default();
+        let (type_, reason, note) = if phase == Phase::Failed {
+            tracing::warn!(
+                migration = name,
+                storageversion = sv_name,
+                version = to,
+                message = message,
+                "StorageVersionMigration failed; not re-creating it (see docs/migration.md)"
+            );
+            (
+                EventType::Warning,
+                "MigrationFailed",
+                format!("StorageVersionMigration {name} to {to} failed{took}: {message}. Not retried; run `storageversion-webhook audit` for the fix"),
+            )
+        } else {
+            tracing::info!(migration = name, storageversion = sv_name, version = to, seconds = ?seconds, "StorageVersionMigration succeeded");
+            (
+                EventType::Normal,
+                "MigrationSucceeded",
+                format!("StorageVersionMigration {name} rewrote every stored object in {to}{took}"),
+            )
+        };
+        let reference = svs
+            .iter()
+            .find(|s| s.name() == sv_name)
+            .map(|s| s.object_ref(&()))
+            .unwrap_or_else(|| ObjectReference {
+                api_version: Some(model::API_VERSION.to_string()),
+                kind: Some(model::KIND.to_string()),
+                name: Some(sv_name.to_string()),
+                ..ObjectReference::default()
+            });
+        self.event(&reference, type_, reason, note).await;
+        // Mark it reported, so a restart or the next leader does not report it again.
+        let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
+        let patch = serde_json::json!({"metadata": {"annotations": {svm::ANNOTATION_REPORTED: phase.as_str()}}});
+        match tokio::time::timeout(
+            CALL_TIMEOUT,
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                self.metrics.error("mark_reported");
+                tracing::warn!(migration = name, error = %e, "cannot mark the migration reported");
+            }
+            Err(_) => {
+                self.metrics.error("mark_reported");
+                tracing::warn!(migration = name, "marking the migration reported timed out");
+            }
+        }
+    }
+
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(note, MAX_NOTE)),
+            action: "Migrate".to_string(),
+            secondary: None,
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, self.recorder.publish(&event, reference)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                self.metrics.error("event");
+                tracing::warn!(reason, error = %e, "cannot record Event");
+            }
+            Err(_) => {
+                self.metrics.error("event");
+                tracing::warn!(reason, "recording an Event timed out");
+            }
+        }
+    }
+}
+
+fn state_label(d: &Decision) -> &'static str {
+    match d {
+        Decision::UpToDate | Decision::Remember { .. } | Decision::Migrate { .. } => "up_to_date",
+        Decision::WaitSettle { .. } => "settling",
+        Decision::WaitDisagree => "disagree",
+        Decision::BlockedNotDecodable { .. } => "not_decodable",
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
