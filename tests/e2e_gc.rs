@@ -1076,3 +1076,165 @@ async fn audit_reports_stale_entries() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no-such-kubeconfig"));
 }
+
+/// The cost the collector promises, counted by kube-apiserver itself (its audit log): after a
+/// lease deletion, one GET of that lease, then one write per object, and no read of any object
+/// (the collector judges from its watches). Events are one more request per changed object,
+/// reported beside.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_per_object_counted_at_the_apiserver() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let log = enable_audit_log(&cp);
+    let live = "apiserver-e2ecountlive00000000000";
+    let gone = "apiserver-e2ecountgone00000000000";
+    create_lease(&cp, &live_identity_lease(live)).await;
+    create_lease(&cp, &live_identity_lease(gone)).await;
+    const N: usize = 40;
+    let names: Vec<String> = (0..N)
+        .map(|i| format!("count{i}.example.com.widgets"))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        // Half rewritten, half deleted.
+        let ids: &[&str] = if i % 2 == 0 { &[gone, live] } else { &[gone] };
+        seed_sv(&cp, name, status_for(&format!("count{i}.example.com"), ids)).await;
+    }
+    const USER: &str = "svw-gc-counted";
+    let client = counted_client(&cp.kubeconfig, USER).await;
+    let mut gc = InProcessGc::start(client, test_gc_args("svw-gc-count")).await;
+    gc.wait_metric("sweeps_total", &[], 1.0, MINUTE).await;
+    delete_lease(&cp, gone).await;
+    for (i, name) in names.iter().enumerate() {
+        if i % 2 == 0 {
+            wait_entries(&cp, name, &[live], MINUTE).await;
+        } else {
+            wait_deleted(&cp, name, MINUTE).await;
+        }
+    }
+    gc.wait_metric("writes_total", &["result=\"ok\""], N as f64, MINUTE)
+        .await;
+    gc.stop().await;
+    // The audit log is written asynchronously (batched); poll until the writes are all in.
+    let sv_writes = |reqs: &[Audited]| {
+        reqs.iter()
+            .filter(|r| {
+                r.resource == "storageversions"
+                    && matches!(r.verb.as_str(), "update" | "delete" | "patch")
+            })
+            .count()
+    };
+    poll_until(MINUTE, "the audit log to show every write", || async {
+        sv_writes(&audited_requests(&log, USER)) >= N
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let reqs = audited_requests(&log, USER);
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &reqs {
+        let key = format!(
+            "{} {}{}{}",
+            r.verb,
+            r.resource,
+            if r.subresource.is_empty() { "" } else { "/" },
+            r.subresource
+        );
+        *counts.entry(key).or_default() += 1;
+    }
+    eprintln!(
+        "requests by the collector for {N} objects, as kube-apiserver logged them: {counts:#?}"
+    );
+    let count = |f: &dyn Fn(&Audited) -> bool| reqs.iter().filter(|r| f(r)).count();
+    let status_puts = count(&|r| {
+        r.verb == "update" && r.resource == "storageversions" && r.subresource == "status"
+    });
+    let deletes = count(&|r| r.verb == "delete" && r.resource == "storageversions");
+    let sv_gets = count(&|r| r.verb == "get" && r.resource == "storageversions");
+    let sv_lists = count(&|r| r.verb == "list" && r.resource == "storageversions");
+    let lease_gets =
+        count(&|r| r.verb == "get" && r.resource == "leases" && r.namespace == "kube-system");
+    let events = count(&|r| r.resource == "events");
+    eprintln!(
+        "per object: {:.2} StorageVersion writes, {:.2} StorageVersion reads, {:.2} Events; {lease_gets} lease GET(s) for 1 gone lease",
+        (status_puts + deletes) as f64 / N as f64,
+        sv_gets as f64 / N as f64,
+        events as f64 / N as f64
+    );
+    assert_eq!((status_puts, deletes), (N / 2, N / 2), "{counts:#?}");
+    assert_eq!(sv_gets, 0, "objects read one by one: {counts:#?}");
+    assert!(
+        sv_lists <= 2,
+        "more than the initial list (and one relist): {counts:#?}"
+    );
+    assert_eq!(lease_gets, 1, "one GET for the one gone lease: {counts:#?}");
+}
+
+/// On a quiet cluster: the leader renews its Lease about once per (duration - grace), not in a
+/// tight loop (today's main: 904 Lease events in 120 s), and no watch breaks. The old 30 s read
+/// timeout cut idle watches about every 32 s; 100 s spans three of those periods (three minutes
+/// would cost CI almost two more minutes for no more evidence).
+#[tokio::test(flavor = "multi_thread")]
+async fn quiet_cluster_calm_renewals_and_no_watch_errors() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let mut args = test_gc_args("svw-gc-quiet");
+    // The defaults of `serve`.
+    args.gc_leader_lease_duration = Duration::from_secs(15);
+    args.gc_leader_lease_grace = Duration::from_secs(5);
+    let mut gc = InProcessGc::start(cp.client.clone(), args).await;
+    gc.wait_metric("sweeps_total", &[], 1.0, MINUTE).await;
+
+    // Count changes of the leader Lease over one minute of leading.
+    let api = lease_api_in(&cp, "default");
+    let watch_params = kube::api::WatchParams::default().fields("metadata.name=svw-gc-quiet");
+    let rv = api
+        .get("svw-gc-quiet")
+        .await
+        .expect("leader Lease")
+        .metadata
+        .resource_version
+        .expect("resourceVersion");
+    let started = Instant::now();
+    let mut events = Box::pin(
+        api.watch(&watch_params, &rv)
+            .await
+            .expect("watch the leader Lease"),
+    );
+    let mut modified = 0usize;
+    use futures::StreamExt;
+    while let Ok(next) = tokio::time::timeout_at(
+        tokio::time::Instant::from_std(started + MINUTE),
+        events.next(),
+    )
+    .await
+    {
+        match next {
+            Some(Ok(kube::api::WatchEvent::Modified(_))) => modified += 1,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("watching the leader Lease: {e}"),
+            None => break,
+        }
+    }
+    let bound = 60 / (15 - 5) + 2;
+    eprintln!("leader Lease modified {modified} times in 60 s of leading (bound {bound})");
+    assert!(gc.handle.as_ref().expect("running").is_leading());
+    assert!(
+        modified <= bound,
+        "{modified} renewals in a minute, want at most {bound}"
+    );
+    assert!(
+        modified >= 3,
+        "only {modified} renewals in a minute: is it leading?"
+    );
+
+    // Quiet for 100 s in all: no watch broke.
+    tokio::time::sleep(Duration::from_secs(100).saturating_sub(started.elapsed())).await;
+    let m = gc.metrics();
+    for op in ["watch_storage_versions", "watch_leases", "leader_watch"] {
+        assert_eq!(
+            gc.metric("errors_total", &[&format!("operation=\"{op}\"")]),
+            0.0,
+            "{op} failed on a quiet cluster:\n{m}"
+        );
+    }
+    gc.stop().await;
+}

@@ -412,6 +412,7 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
             sc.objects
         );
     }
+    let before = apiserver_requests(&client).await?;
     let t0 = Instant::now();
     leases(&client)
         .delete(&gone, &DeleteParams::default())
@@ -445,22 +446,102 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
         }
     }
     let total = t0.elapsed();
+    let after = apiserver_requests(&client).await?;
+    let cost = RequestCost::between(&before, &after);
     let mut line = labelled(&args.labels)?;
     line.insert("mode".into(), json!(sc.mode));
     line.insert("objects".into(), json!(sc.objects));
     line.insert("seconds".into(), json!(total.as_secs_f64()));
+    line.insert("sv_requests".into(), json!(cost.sv_requests));
+    line.insert("sv_writes".into(), json!(cost.sv_writes));
+    line.insert("lease_gets".into(), json!(cost.lease_gets));
+    line.insert("events".into(), json!(cost.events));
     line.insert(
         "first_seconds".into(),
         json!(first.map(|d| d.as_secs_f64()).unwrap_or(0.0)),
     );
     eprintln!(
-        "  {}: {} objects clean after {:.2}s (first after {:.2}s)",
+        "  {}: {} objects clean after {:.2}s (first after {:.2}s); apiserver counted {} StorageVersion requests ({} writes), {} lease GETs, {} Event requests",
         args.labels.join(" "),
         sc.objects,
         total.as_secs_f64(),
-        first.map(|d| d.as_secs_f64()).unwrap_or(0.0)
+        first.map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        cost.sv_requests,
+        cost.sv_writes,
+        cost.lease_gets,
+        cost.events,
     );
     crate::append_jsonl(&args.out, &Value::Object(line))
+}
+
+/// `apiserver_request_total` from kube-apiserver's own `/metrics`, summed by
+/// (verb, resource, subresource): what every client asked of it.
+async fn apiserver_requests(
+    client: &kube::Client,
+) -> anyhow::Result<BTreeMap<(String, String, String), f64>> {
+    let req = http::Request::get("/metrics")
+        .body(Vec::new())
+        .context("build a /metrics request")?;
+    let text = client
+        .request_text(req)
+        .await
+        .context("GET kube-apiserver /metrics")?;
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |k: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                .map(|v| v.trim_end_matches('"').to_string())
+                .unwrap_or_default()
+        };
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        *out.entry((label("verb"), label("resource"), label("subresource")))
+            .or_insert(0.0) += n;
+    }
+    Ok(out)
+}
+
+/// Requests a collector made between two scrapes, as kube-apiserver counted them (the
+/// benchmark's own watch, LIST and lease DELETE are left out by verb).
+struct RequestCost {
+    /// GET, PUT, PATCH, DELETE, POST of StorageVersions (not LIST or WATCH).
+    sv_requests: f64,
+    /// PUT, PATCH, DELETE of StorageVersions.
+    sv_writes: f64,
+    lease_gets: f64,
+    events: f64,
+}
+
+impl RequestCost {
+    fn between(
+        before: &BTreeMap<(String, String, String), f64>,
+        after: &BTreeMap<(String, String, String), f64>,
+    ) -> RequestCost {
+        let delta = |f: &dyn Fn(&str, &str) -> bool| -> f64 {
+            after
+                .iter()
+                .filter(|((verb, resource, _), _)| f(verb, resource))
+                .map(|(k, v)| v - before.get(k).copied().unwrap_or(0.0))
+                .sum()
+        };
+        RequestCost {
+            sv_requests: delta(&|v, r| {
+                r == "storageversions" && matches!(v, "GET" | "PUT" | "PATCH" | "DELETE" | "POST")
+            }),
+            sv_writes: delta(&|v, r| {
+                r == "storageversions" && matches!(v, "PUT" | "PATCH" | "DELETE")
+            }),
+            lease_gets: delta(&|v, r| r == "leases" && v == "GET"),
+            events: delta(&|v, r| r == "events" && matches!(v, "POST" | "PATCH")),
+        }
+    }
 }
 
 #[derive(clap::Args)]

@@ -285,14 +285,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-    let view = KubeLeaseView::spawn(
-        client.clone(),
+    let leases = crate::leases::LeaseStore::spawn(client.clone());
+    let view = KubeLeaseView::on_store(
+        leases.clone(),
         metrics.clone(),
         args.lease_view_max_staleness,
     );
     let ready = Arc::clone(&view);
     let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());
-    let gc = crate::gc::spawn(client.clone(), args.gc.clone(), &mut registry)?;
+    let gc = crate::gc::spawn_sharing(client.clone(), args.gc.clone(), &mut registry, leases)?;
     let migrate = crate::migrate::spawn(client, &args.migrate, &args.gc, &gc, &mut registry)?;
     let server = Server::bind(
         ServerConfig::from(&args),

@@ -203,7 +203,7 @@ pub async fn impersonating_client(kubeconfig: &Path, user: &str) -> kube::Client
             .await
             .expect("kubeconfig config");
     config.auth_info.impersonate = Some(user.to_string());
-    config.read_timeout = Some(Duration::from_secs(30));
+    config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
     kube::Client::try_from(config).expect("client")
 }
 
@@ -262,4 +262,70 @@ pub fn kcm_start(cp: &ControlPlane, args: &[&str]) {
     let mut all = vec!["kcm-start"];
     all.extend_from_slice(args);
     cp.run(&all);
+}
+
+/// A client for `kubeconfig` that acts as `user` in `system:masters` (all rights), so the
+/// apiserver's audit log can tell its requests from the test's own.
+pub async fn counted_client(kubeconfig: &Path, user: &str) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig config");
+    config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = Some(vec!["system:masters".to_string()]);
+    config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
+    kube::Client::try_from(config).expect("client")
+}
+
+/// Restarts kube-apiserver writing an audit log (metadata of every request, one line per
+/// request) to the returned path.
+pub fn enable_audit_log(cp: &ControlPlane) -> std::path::PathBuf {
+    let policy = cp.state_dir().join("audit-policy.yaml");
+    let log = cp.state_dir().join("audit.log");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n",
+    )
+    .expect("write the audit policy");
+    let args = format!(
+        "--audit-policy-file={} --audit-log-path={} --audit-log-maxsize=0",
+        policy.display(),
+        log.display()
+    );
+    cp.run_with_env(
+        &["restart-apiserver"],
+        &[("SVW_APISERVER_EXTRA_ARGS", &args)],
+    );
+    log
+}
+
+/// One request in the apiserver's audit log.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Audited {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// The requests `user` (impersonated) made, as the apiserver logged them.
+pub fn audited_requests(log: &Path, user: &str) -> Vec<Audited> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["impersonatedUser"]["username"] == user)
+        .map(|e| {
+            let r = &e["objectRef"];
+            let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+            Audited {
+                verb: s(&e["verb"]),
+                resource: s(&r["resource"]),
+                subresource: s(&r["subresource"]),
+                namespace: s(&r["namespace"]),
+                name: s(&r["name"]),
+            }
+        })
+        .collect()
 }
