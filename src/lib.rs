@@ -10,5 +10,6 @@ pub mod leases;
 pub mod logging;
 pub mod metrics;
 pub mod model;
+pub mod plugin;
 pub mod rules;
 pub mod server;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use storageversion_webhook::{audit, check, logging, server};
+use storageversion_webhook::{audit, check, logging, plugin, server};
 
 /// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
 #[derive(Parser, Debug)]
@@ -25,7 +25,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // As `kubectl-storageversions` it is the kubectl plugin (src/plugin.rs).
+    let cli: Cli = plugin::parse();
     match cli.command {
         Command::Check(args) => check::run(args),
         Command::Audit(args) => audit::run(args),

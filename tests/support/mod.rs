@@ -566,3 +566,4 @@ impl Webhook {
 }
 
 pub mod gc;
+pub mod ops;
