@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::leases::LeaseView;
-use crate::metrics::{label, FindingLabels, Metrics, ResultLabels, ReviewLabels};
+use crate::metrics::{
+    operation_label, requester_label, subresource_label, FindingLabels, Metrics, ResultLabels,
+    ReviewLabels,
+};
 use crate::model::{
     LeaseLookup, StorageVersion, StorageVersionSpec, StorageVersionStatus, GROUP, PLURAL,
 };
@@ -19,6 +22,46 @@ use crate::rules::{self, Evaluation, Finding, LeaseFacts, RuleOptions, Severity}
 
 pub const ADMISSION_API_VERSION: &str = "admission.k8s.io/v1";
 pub const ADMISSION_KIND: &str = "AdmissionReview";
+
+/// Default for [`ReviewLimits::max_lease_lookups`].
+pub const DEFAULT_MAX_LEASE_LOOKUPS: usize = 16;
+/// Default for [`ReviewLimits::max_findings`].
+pub const DEFAULT_MAX_FINDINGS: usize = 32;
+/// Longest request-derived string written to a log line, in bytes (longer ones are cut).
+pub const MAX_LOGGED_FIELD_BYTES: usize = 128;
+
+/// What one review may cost, whatever the body says. A real StorageVersion has one entry per
+/// kube-apiserver and a handful of versions, so no real write comes near these limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReviewLimits {
+    /// Distinct apiServerIDs whose identity lease is looked up in one review (from the cache or,
+    /// on a miss, live). The IDs past this many get `lease-lookup-failed`, which only warns.
+    pub max_lease_lookups: usize,
+    /// Findings listed in the response's warnings, denial message and audit annotation; the rest
+    /// are summarised as "and N more". Every finding still counts for the verdict.
+    pub max_findings: usize,
+}
+
+impl Default for ReviewLimits {
+    fn default() -> Self {
+        ReviewLimits {
+            max_lease_lookups: DEFAULT_MAX_LEASE_LOOKUPS,
+            max_findings: DEFAULT_MAX_FINDINGS,
+        }
+    }
+}
+
+/// `s` cut to at most [`MAX_LOGGED_FIELD_BYTES`] (on a character boundary), for log lines.
+pub fn log_field(s: &str) -> &str {
+    if s.len() <= MAX_LOGGED_FIELD_BYTES {
+        return s;
+    }
+    let mut end = MAX_LOGGED_FIELD_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
 
 /// What a violation does to a write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -65,6 +108,12 @@ struct GroupResource<'a> {
     resource: Cow<'a, str>,
 }
 
+#[derive(Deserialize, Default, Debug)]
+struct UserInfo<'a> {
+    #[serde(borrow, default)]
+    username: Cow<'a, str>,
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct AdmissionRequest<'a, O> {
@@ -78,6 +127,8 @@ struct AdmissionRequest<'a, O> {
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     operation: Cow<'a, str>,
+    #[serde(borrow, default)]
+    user_info: UserInfo<'a>,
     #[serde(default = "none")]
     object: Option<O>,
     #[serde(default = "none")]
@@ -128,7 +179,11 @@ pub struct Admission {
     enforcement: Enforcement,
     lease_skew_allowance: Duration,
     metrics: Metrics,
+    limits: ReviewLimits,
 }
+
+/// Lookup failures logged one by one per review; the rest are only counted.
+const LOGGED_LOOKUP_FAILURES: usize = 3;
 
 /// What one review decided, for the log line and metrics.
 struct Outcome<'a> {
@@ -153,7 +208,18 @@ impl Admission {
             enforcement,
             lease_skew_allowance,
             metrics,
+            limits: ReviewLimits::default(),
         }
+    }
+
+    /// The same, with other limits on what one review may cost.
+    pub fn with_limits(mut self, limits: ReviewLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    pub fn limits(&self) -> ReviewLimits {
+        self.limits
     }
 
     pub fn enforcement(&self) -> Enforcement {
@@ -227,11 +293,11 @@ impl Admission {
         let outcome = if !judged {
             if !ours {
                 tracing::info!(
-                    uid = %req.uid,
-                    group = %req.resource.group,
-                    resource = %req.resource.resource,
-                    subresource,
-                    operation = %req.operation,
+                    uid = log_field(&req.uid),
+                    group = log_field(&req.resource.group),
+                    resource = log_field(&req.resource.resource),
+                    subresource = log_field(subresource),
+                    operation = log_field(&req.operation),
                     "allowing a review for a resource this webhook does not judge; check the webhook's rules"
                 );
             }
@@ -275,16 +341,37 @@ impl Admission {
         serde_json::to_vec(&out).map_err(|e| BadReview::NotAdmissionReview(e.to_string()))
     }
 
-    /// Looks up the leases the rules need and runs them.
+    /// Looks up the leases the rules need and runs them. At most
+    /// [`ReviewLimits::max_lease_lookups`] leases are looked up; the other IDs are
+    /// `lease-lookup-failed` (a warning, never a denial).
     pub async fn evaluate(&self, new: &StorageVersion, old: Option<&StorageVersion>) -> Evaluation {
         let ids = rules::lease_ids(new, old);
-        let lookups = self.lookup_all(&ids).await;
+        let cap = self.limits.max_lease_lookups.min(ids.len());
+        let (looked_up, skipped) = ids.split_at(cap);
+        let lookups = self.lookup_all(looked_up).await;
         let mut facts = LeaseFacts::new();
-        for (id, lookup) in ids.iter().zip(lookups) {
+        let mut failed = 0usize;
+        for (id, lookup) in looked_up.iter().zip(lookups) {
             if let LeaseLookup::Failed(err) = &lookup {
-                tracing::warn!(api_server_id = %id, error = %err, "identity lease lookup failed; not denying on it");
+                failed += 1;
+                if failed <= LOGGED_LOOKUP_FAILURES {
+                    tracing::warn!(api_server_id = log_field(id), error = log_field(err), "identity lease lookup failed; not denying on it");
+                }
             }
             facts.insert((*id).to_string(), lookup);
+        }
+        if !skipped.is_empty() {
+            tracing::warn!(
+                looked_up = looked_up.len(),
+                not_looked_up = skipped.len(),
+                "a review names more apiServerIDs than leases are looked up per review; the rest get lease-lookup-failed (a warning)"
+            );
+            let why = format!(
+                "not looked up: the object names more than {cap} distinct apiServerIDs, the most this webhook looks up per review"
+            );
+            for id in skipped {
+                facts.insert((*id).to_string(), LeaseLookup::Failed(why.clone()));
+            }
         }
         let opts = RuleOptions {
             now: Timestamp::now(),
@@ -319,24 +406,38 @@ impl Admission {
     }
 
     fn outcome<'a>(&self, new: &StorageVersion, evaluation: &'a Evaluation) -> Outcome<'a> {
+        let max = self.limits.max_findings;
         let denials: Vec<&Finding> = evaluation.denials().collect();
         let deny = self.enforcement == Enforcement::Deny && !denials.is_empty();
         let mut warnings = Vec::new();
+        let mut unlisted = 0usize;
         for f in &evaluation.findings {
             if deny && f.severity == Severity::Deny {
                 continue;
             }
-            warnings.push(warning_text(f));
+            if warnings.len() < max {
+                warnings.push(warning_text(f));
+            } else {
+                unlisted += 1;
+            }
         }
-        let codes: Vec<&'static str> = evaluation
+        if unlisted > 0 {
+            warnings.push(format!(
+                "and {unlisted} more finding{} (only the first {max} are listed)",
+                plural(unlisted)
+            ));
+        }
+        let mut codes: Vec<&'static str> = evaluation
             .findings
             .iter()
             .map(|f| f.violation.code.as_str())
             .collect();
+        codes.sort_unstable();
+        codes.dedup();
         let mut audit = BTreeMap::new();
         if !evaluation.findings.is_empty() {
             audit.insert("enforcement", self.enforcement.as_str().to_string());
-            audit.insert("findings", findings_summary(&evaluation.findings));
+            audit.insert("findings", findings_summary(&evaluation.findings, max));
         }
         if deny {
             Outcome {
@@ -346,7 +447,7 @@ impl Admission {
                     status: "Failure",
                     code: 403,
                     reason: "Forbidden",
-                    message: denial_message(new.name(), &denials),
+                    message: denial_message(new.name(), &denials, max),
                 }),
                 warnings,
                 audit,
@@ -371,38 +472,48 @@ impl Admission {
     }
 
     fn record<O>(&self, req: &AdmissionRequest<'_, O>, subresource: &str, outcome: &Outcome<'_>) {
-        let operation = label(&req.operation);
-        let subresource_label = label(subresource);
+        let operation = operation_label(&req.operation);
+        let subresource_label = subresource_label(subresource);
         self.metrics
             .reviews
             .get_or_create(&ReviewLabels {
-                operation: operation.clone(),
-                subresource: subresource_label.clone(),
+                operation,
+                subresource: subresource_label,
                 verdict: outcome.verdict,
+                requester: requester_label(&req.user_info.username),
             })
             .inc();
+        // One counter update per (code, severity), however many findings there are.
+        let mut counts: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
         for f in outcome.findings {
             let severity = if outcome.allowed || f.severity == Severity::Warn {
                 "warn"
             } else {
                 "deny"
             };
+            *counts
+                .entry((f.violation.code.as_str(), severity))
+                .or_insert(0) += 1;
+        }
+        for ((code, severity), n) in counts {
             self.metrics
                 .findings
                 .get_or_create(&FindingLabels {
-                    operation: operation.clone(),
-                    subresource: subresource_label.clone(),
-                    code: f.violation.code.as_str(),
+                    operation,
+                    subresource: subresource_label,
+                    code,
                     severity,
                 })
-                .inc();
+                .inc_by(n);
         }
         tracing::info!(
-            uid = %req.uid,
-            name = req.name.as_deref().unwrap_or(""),
-            operation = %req.operation,
-            subresource,
+            uid = log_field(&req.uid),
+            name = log_field(req.name.as_deref().unwrap_or("")),
+            operation = log_field(&req.operation),
+            subresource = log_field(subresource),
+            user = log_field(&req.user_info.username),
             verdict = outcome.verdict,
+            findings = outcome.findings.len(),
             codes = %outcome.codes.join(","),
             "review"
         );
@@ -503,33 +614,70 @@ fn decode_objects<O: ReviewObject>(
     Ok((new, old))
 }
 
+/// Longest text of one finding in a response, in bytes: a finding's message can quote a value
+/// from the request, and the response must stay small whatever the request holds.
+pub const MAX_FINDING_TEXT_BYTES: usize = 1024;
+
+/// `s` cut to at most `max` bytes (on a character boundary), marked with "…" when cut.
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}
+
 fn warning_text(f: &Finding) -> String {
     let v = &f.violation;
-    match f.note {
+    let text = match f.note {
         Some(note) => format!("[{}] {}: {} ({note})", v.code, v.path, v.message),
         None => format!("[{}] {}: {}", v.code, v.path, v.message),
+    };
+    cut(text, MAX_FINDING_TEXT_BYTES)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
     }
 }
 
-fn denial_message(name: &str, denials: &[&Finding]) -> String {
+fn denial_message(name: &str, denials: &[&Finding], max: usize) -> String {
     let mut msg = format!(
-        "StorageVersion {name:?} breaks {} rule{}: ",
+        "StorageVersion {:?} breaks {} rule{}: ",
+        log_field(name),
         denials.len(),
-        if denials.len() == 1 { "" } else { "s" }
+        plural(denials.len())
     );
-    for (i, f) in denials.iter().enumerate() {
+    for (i, f) in denials.iter().take(max).enumerate() {
         if i > 0 {
             msg.push_str("; ");
         }
         let v = &f.violation;
-        msg.push_str(&format!("[{}] {}: {}", v.code, v.path, v.message));
+        msg.push_str(&cut(
+            format!("[{}] {}: {}", v.code, v.path, v.message),
+            MAX_FINDING_TEXT_BYTES,
+        ));
+    }
+    if denials.len() > max {
+        msg.push_str(&format!(
+            "; and {} more (only the first {max} are listed)",
+            denials.len() - max
+        ));
     }
     msg
 }
 
-fn findings_summary(findings: &[Finding]) -> String {
-    findings
+fn findings_summary(findings: &[Finding], max: usize) -> String {
+    let mut out = findings
         .iter()
+        .take(max)
         .map(|f| {
             format!(
                 "{}:{}:{}",
@@ -538,9 +686,13 @@ fn findings_summary(findings: &[Finding]) -> String {
                     Severity::Warn => "warn",
                 },
                 f.violation.code,
-                f.violation.path
+                log_field(&f.violation.path)
             )
         })
         .collect::<Vec<_>>()
-        .join(",")
+        .join(",");
+    if findings.len() > max {
+        out.push_str(&format!(",and {} more", findings.len() - max));
+    }
+    out
 }

@@ -7,37 +7,61 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use std::borrow::Cow;
 use std::sync::atomic::AtomicU64;
 
-/// A label value that is usually one of a few known strings: those are borrowed, so counting a
-/// review allocates nothing (see [`label`]).
-pub type LabelValue = Cow<'static, str>;
+/// Every label value taken from a request comes from a fixed set, so a client cannot create
+/// series (each kept until the process ends) or make `/metrics` grow: anything else is `other`.
+pub const OTHER: &str = "other";
 
-/// `value` as a label: a `&'static str` for the values reviews carry (operations, `""`,
-/// `status`), an owned copy for anything else.
-pub fn label(value: &str) -> LabelValue {
-    const KNOWN: &[&str] = &["CREATE", "UPDATE", "DELETE", "CONNECT", "", "status"];
-    match KNOWN.iter().find(|k| **k == value) {
-        Some(k) => Cow::Borrowed(k),
-        None => Cow::Owned(value.to_string()),
+/// The operation label: `CREATE`, `UPDATE`, `DELETE`, `CONNECT` or `other`.
+pub fn operation_label(operation: &str) -> &'static str {
+    match operation {
+        "CREATE" => "CREATE",
+        "UPDATE" => "UPDATE",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        _ => OTHER,
+    }
+}
+
+/// The subresource label: `""` (the main resource), `status` or `other`.
+pub fn subresource_label(subresource: &str) -> &'static str {
+    match subresource {
+        "" => "",
+        "status" => "status",
+        _ => OTHER,
+    }
+}
+
+/// The username kube-apiserver uses for its own writes (its loopback client).
+pub const APISERVER_USERNAME: &str = "system:apiserver";
+
+/// The requester label: `apiserver` for kube-apiserver's own writes, `other` for everyone else,
+/// so that an alert can fire on any denial of the apiserver's writes.
+pub fn requester_label(username: &str) -> &'static str {
+    if username == APISERVER_USERNAME {
+        "apiserver"
+    } else {
+        OTHER
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReviewLabels {
-    /// CREATE, UPDATE, DELETE, CONNECT.
-    pub operation: LabelValue,
-    /// "" for the main resource, "status" for `/status`.
-    pub subresource: LabelValue,
+    /// CREATE, UPDATE, DELETE, CONNECT or other.
+    pub operation: &'static str,
+    /// "" for the main resource, "status" for `/status`, other for anything else.
+    pub subresource: &'static str,
     /// allowed, warned, denied, ignored (not a StorageVersion), error (undecodable object).
     pub verdict: &'static str,
+    /// apiserver (userInfo.username `system:apiserver`) or other.
+    pub requester: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FindingLabels {
-    pub operation: LabelValue,
-    pub subresource: LabelValue,
+    pub operation: &'static str,
+    pub subresource: &'static str,
     pub code: &'static str,
     /// deny or warn
     pub severity: &'static str,
@@ -87,7 +111,7 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("storageversion_webhook");
         r.register(
             "admission_reviews",
-            "AdmissionReviews answered, by operation, subresource and verdict",
+            "AdmissionReviews answered, by operation, subresource, verdict and requester (apiserver or other)",
             m.reviews.clone(),
         );
         r.register(

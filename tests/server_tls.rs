@@ -32,7 +32,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 
-use storageversion_webhook::admission::Enforcement;
+use storageversion_webhook::admission::{Enforcement, DEFAULT_MAX_FINDINGS, DEFAULT_MAX_LEASE_LOOKUPS};
+use storageversion_webhook::leases::coalesce::Coalescing;
 use storageversion_webhook::leases::{LeaseView, StaticLeases};
 use storageversion_webhook::metrics::Metrics;
 use storageversion_webhook::model::{LeaseLookup, LeaseRecord, IDENTITY_LABEL_VALUE};
@@ -1174,4 +1175,265 @@ async fn idle_keep_alive_connections_do_not_hold_up_shutdown() {
         started.elapsed()
     );
     drop(client);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile clients: every cost of a review and of a connection is bounded
+
+/// A lease view like the cluster's on a cache miss: every lookup is slow and counted.
+struct CountingSlowLeases {
+    lookups: AtomicUsize,
+    delay: Duration,
+}
+
+impl LeaseView for CountingSlowLeases {
+    fn lookup<'a>(&'a self, _id: &'a str) -> BoxFuture<'a, LeaseLookup> {
+        self.lookups.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            LeaseLookup::NotFound
+        })
+    }
+}
+
+/// An object with `n` entries, each with its own apiServerID.
+fn many_ids_object(n: usize) -> Value {
+    let entries = (0..n)
+        .map(|i| entry(&format!("apiserver-{i:06}"), "apps/v1", &["apps/v1"]))
+        .collect();
+    storage_version(entries)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_ids_make_a_bounded_number_of_lookups_shared_across_reviews() {
+    let slow = Arc::new(CountingSlowLeases {
+        lookups: AtomicUsize::new(0),
+        delay: Duration::from_secs(3),
+    });
+    let view: Arc<dyn LeaseView> = Arc::new(Coalescing::new(Arc::clone(&slow) as _));
+    let h = Harness::start_with(view, |_, _, _| {}).await;
+    let body = Bytes::from(sv_review("uid-many", many_ids_object(20_000)));
+    assert!(body.len() > 1_000_000, "{} bytes", body.len());
+    // Four identical reviews at once: their lookups are in flight together and are shared.
+    let replies = futures::future::join_all((0..4).map(|_| {
+        let client = h.client();
+        let req = Request::post(h.url("/validate"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(full(body.clone()))
+            .expect("request");
+        async move { send(&client, req).await.expect("POST /validate") }
+    }))
+    .await;
+    let limit = DEFAULT_MAX_LEASE_LOOKUPS;
+    let lookups = slow.lookups.load(Ordering::SeqCst);
+    assert!(
+        lookups <= limit,
+        "{lookups} lease lookups for four reviews, want at most {limit} in all"
+    );
+    for reply in replies {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        assert!(
+            reply.body.len() < 64 * 1024,
+            "the answer to a 20,000-entry review is {} bytes",
+            reply.body.len()
+        );
+        let answer = reply.json();
+        assert_eq!(answer["response"]["uid"], "uid-many");
+        // The looked-up IDs have no lease: that is evidence, so the write is denied.
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .expect("a denial message");
+        assert!(message.contains("more (only the first"), "{message}");
+        let warnings = answer["response"]["warnings"].as_array().expect("warnings");
+        assert!(warnings.len() <= DEFAULT_MAX_FINDINGS + 1, "{} warnings", warnings.len());
+    }
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_ids_than_the_lookup_limit_only_warn_about_the_rest() {
+    // Every ID has a live lease, but only the first `limit` are looked up: the rest are
+    // lease-lookup-failed, which warns and never denies.
+    let records = (0..40).map(|i| LeaseRecord {
+        name: format!("apiserver-{i:06}"),
+        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
+        renew_time: Some(Timestamp::now()),
+        lease_duration_seconds: Some(3600),
+    });
+    let h = Harness::start_with(Arc::new(StaticLeases::new(records)), |_, _, _| {}).await;
+    let reply = h.validate(sv_review("uid-40", many_ids_object(40))).await;
+    let answer = reply.json();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let warnings = answer["response"]["warnings"].to_string();
+    assert!(warnings.contains("lease-lookup-failed"), "{warnings}");
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_thousand_copies_of_one_version_are_answered_well_inside_the_webhook_timeout() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let copies = vec!["apps/v1"; 100_000];
+    let object = storage_version(vec![entry(LIVE_ID, "apps/v1", &copies)]);
+    // The stored object holds the same list: every violation is checked against it.
+    let body = review(
+        "uid-copies",
+        "internal.apiserver.k8s.io",
+        "storageversions",
+        object.clone(),
+        Some(object),
+    );
+    let started = Instant::now();
+    let reply = h.validate(body).await;
+    let took = started.elapsed();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(reply.json()["response"]["uid"], "uid-copies");
+    assert!(reply.body.len() < 64 * 1024, "{} bytes", reply.body.len());
+    // kube-apiserver waits at most 3 s here by default (timeoutSeconds); a debug build must too.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_values_never_become_new_metric_series() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let client = h.client();
+    for i in 0..300 {
+        let mut body: Value = serde_json::from_slice(&sv_review("uid-op", valid_object())).expect("json");
+        body["request"]["operation"] = json!(format!("OPERATION-{i}-{}", "x".repeat(1000)));
+        body["request"]["subResource"] = json!(format!("sub-{i}"));
+        body["request"]["userInfo"]["username"] = json!(format!("user-{i}"));
+        let reply = send(
+            &client,
+            Request::post(h.url("/validate"))
+                .body(full(serde_json::to_vec(&body).expect("json")))
+                .expect("request"),
+        )
+        .await
+        .expect("POST");
+        assert_eq!(reply.status, StatusCode::OK);
+    }
+    let _ = h.validate(sv_review("uid-apiserver", valid_object())).await;
+    let metrics = admin_get(h.admin, "/metrics").await.text();
+    let series = metrics
+        .lines()
+        .filter(|l| l.starts_with("storageversion_webhook_admission_reviews_total{"))
+        .count();
+    assert!(series <= 3, "{series} series:\n{metrics}");
+    assert!(metrics.len() < 32 * 1024, "/metrics is {} bytes", metrics.len());
+    assert!(
+        metrics.contains(r#"operation="other",subresource="other",verdict="ignored",requester="other""#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"operation="UPDATE",subresource="status",verdict="allowed",requester="apiserver""#),
+        "{metrics}"
+    );
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_admin_connections_are_closed_and_never_lock_out_readyz() {
+    let h = Harness::start(|c, _, _| {
+        c.admin_max_connections = 8;
+        c.admin_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(TcpStream::connect(h.admin).await.expect("connect"));
+    }
+    // 40 idle connections against a limit of 8: /readyz still answers at once.
+    let started = Instant::now();
+    let ready = admin_get(h.admin, "/readyz").await;
+    assert_eq!(ready.status, StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    // And every idle connection is closed (evicted, or after the admin timeout).
+    for conn in idle {
+        let took = wait_for_close(conn).await;
+        assert!(took < DEADLINE);
+    }
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_admission_connections_never_lock_out_reviews() {
+    let h = Harness::start(|c, _, _| c.max_connections = 4).await;
+    let config = Arc::new(client_config(&h.ca, None, &[]));
+    let mut idle_tls = Vec::new();
+    for _ in 0..4 {
+        idle_tls.push(connect(h.admission, Arc::clone(&config)).await.expect("connect").0);
+    }
+    let mut idle_tcp = Vec::new();
+    for _ in 0..8 {
+        idle_tcp.push(TcpStream::connect(h.admission).await.expect("tcp"));
+    }
+    // Every slot is held by an idle connection; a review on a new one still gets through.
+    let (status, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        fresh_request(
+            h.admission,
+            Arc::clone(&config),
+            Bytes::from(sv_review("uid-full", valid_object())),
+        ),
+    )
+    .await
+    .expect("a review gets through a full connection limit")
+    .expect("review");
+    assert_eq!(status, StatusCode::OK);
+    drop(idle_tls);
+    drop(idle_tcp);
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_http2_connection_is_closed() {
+    use tokio::io::AsyncWriteExt;
+    let h = Harness::start(|c, _, _| {
+        c.tls.http2 = true;
+        c.idle_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let offer: &[&[u8]] = &[b"h2"];
+    let (mut tls, _) = connect(h.admission, Arc::new(client_config(&h.ca, None, offer)))
+        .await
+        .expect("connect");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    // The connection preface and an empty SETTINGS frame, then nothing.
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .expect("preface");
+    let took = wait_for_close(tls).await;
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_task_that_ends_fails_readiness_and_stops_the_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::new("test CA");
+    let (cert, key) = ca.server(1).write(dir.path());
+    let ready = Arc::new(ReadyFlag::new(true));
+    let mut server = Server::bind(
+        test_config(&cert, &key),
+        deps(Arc::new(live_leases()), Arc::clone(&ready)),
+    )
+    .await
+    .expect("bind");
+    let (end, ended) = oneshot::channel::<()>();
+    server.watch_task("lease view", async move {
+        let _ = ended.await;
+        "the watch stream ended".to_string()
+    });
+    let health = server.health();
+    let served = tokio::spawn(server.serve(futures::future::pending()));
+    assert!(health.check().is_ok());
+    let _ = end.send(());
+    let result = tokio::time::timeout(DEADLINE, served)
+        .await
+        .expect("serve returns when a background task ends")
+        .expect("serve task");
+    let err = result.expect_err("an error naming the task");
+    assert!(err.to_string().contains("lease view"), "{err}");
+    assert!(health.check().is_err(), "/readyz fails");
 }

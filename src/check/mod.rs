@@ -9,6 +9,8 @@
 //! Every input is read and decoded before anything is judged. If any input cannot be used, only
 //! the errors are printed (no verdicts) and the exit status is 2.
 
+#[cfg(test)]
+mod fuzz;
 mod input;
 mod objects;
 mod report;

@@ -44,6 +44,7 @@ impl LeaseView for StaticLeases {
     }
 }
 
+pub mod coalesce;
 mod kube_view;
 mod set;
 pub use kube_view::KubeLeaseView;

@@ -261,9 +261,10 @@ impl Evaluation {
 /// such a name (and an empty name would turn a GET into a LIST); the ID rule denies them anyway.
 pub fn lease_ids<'a>(new: &'a StorageVersion, _old: Option<&StorageVersion>) -> Vec<&'a str> {
     let mut ids: Vec<&str> = Vec::with_capacity(new.status.storage_versions.len());
+    let mut seen = std::collections::HashSet::with_capacity(new.status.storage_versions.len());
     for e in &new.status.storage_versions {
         let id = e.api_server_id.as_str();
-        if names::is_dns1123_subdomain(id) && !ids.contains(&id) {
+        if names::is_dns1123_subdomain(id) && seen.insert(id) {
             ids.push(id);
         }
     }
@@ -290,8 +291,8 @@ pub fn evaluate(
 ) -> Evaluation {
     let mut evaluation = Evaluation::default();
     let found = violations(new);
+    let mut ratchet = ratchet::Ratchet::new(new, old);
     if !found.is_empty() {
-        let mut ratchet = ratchet::Ratchet::new(new, old);
         evaluation.findings.reserve(found.len());
         for violation in found {
             let note = ratchet.excuse(&violation);
@@ -320,7 +321,7 @@ pub fn evaluate(
             }
             lease::LeaseJudgement::Problem { code, message } => (code, message),
         };
-        let unchanged = ratchet::entry_unchanged(entry, old);
+        let unchanged = ratchet.entry_unchanged_at(i);
         evaluation.findings.push(Finding {
             severity: if unchanged || code == Code::LeaseLookupFailed {
                 Severity::Warn

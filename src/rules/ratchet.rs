@@ -3,10 +3,15 @@
 //! A violation in the new object is only a warning when
 //! (a) it lies inside an entry that the stored object already has, unchanged (same apiServerID,
 //!     same versions; the set-typed version lists compared regardless of order), or
-//! (b) the stored object already had a violation with the same code at the same place: the same
-//!     path for violations outside entries; the same apiServerID and the same path inside the
-//!     entry for violations inside one, so reordering entries changes nothing. Each old violation
-//!     excuses one new one, so adding a further repeat of an already repeated apiServerID denies.
+//! (b) the stored object already had a violation with the same code, at the same place and with
+//!     the same offending value: the same path for violations outside entries; the same
+//!     apiServerID and the same path inside the entry for violations inside one, so reordering
+//!     entries changes nothing. Changing an already bad value into another bad value is a new
+//!     violation. Each old violation excuses one new one, so adding a further repeat of an
+//!     already repeated apiServerID denies.
+//!
+//! The work is bounded whatever the objects hold: the stored entries are indexed by apiServerID
+//! once, and whether an entry is unchanged is decided once per entry, not once per violation.
 //!
 //! The duplicate-apiServerID violation is about the list, not about the entry it points at, so
 //! only (b) applies to it.
@@ -72,12 +77,13 @@ pub fn place_in_entry(path: &str) -> &str {
         .unwrap_or(path)
 }
 
-/// Where a violation is, independent of entry order.
+/// Where a violation is, independent of entry order, and what the offending value is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Place {
     code: Code,
     entry_id: Option<String>,
     path: String,
+    value: Option<String>,
 }
 
 impl Place {
@@ -91,6 +97,7 @@ impl Place {
             code: v.code,
             entry_id: v.entry_id.clone(),
             path: path.to_string(),
+            value: v.value.clone(),
         }
     }
 }
@@ -102,6 +109,10 @@ pub struct Ratchet<'a> {
     /// How many violations of the stored object at each place are still unused; computed on
     /// first need.
     old_places: Option<HashMap<Place, usize>>,
+    /// The stored object's entries by apiServerID; computed on first need.
+    old_entries: Option<HashMap<&'a str, Vec<&'a ServerStorageVersion>>>,
+    /// Whether entry `i` of the new object is unchanged, decided at most once per entry.
+    unchanged: HashMap<usize, bool>,
 }
 
 impl<'a> Ratchet<'a> {
@@ -110,15 +121,42 @@ impl<'a> Ratchet<'a> {
             new,
             old,
             old_places: None,
+            old_entries: None,
+            unchanged: HashMap::new(),
         }
+    }
+
+    /// True when entry `i` of the new object is in the stored object unchanged (same as
+    /// [`entry_unchanged`], with the stored entries indexed and the answer remembered).
+    pub fn entry_unchanged_at(&mut self, i: usize) -> bool {
+        let Some(old) = self.old else {
+            return false;
+        };
+        let Some(entry) = self.new.status.storage_versions.get(i) else {
+            return false;
+        };
+        if let Some(known) = self.unchanged.get(&i) {
+            return *known;
+        }
+        let index = self.old_entries.get_or_insert_with(|| {
+            let mut index: HashMap<&str, Vec<&ServerStorageVersion>> = HashMap::new();
+            for o in &old.status.storage_versions {
+                index.entry(o.api_server_id.as_str()).or_default().push(o);
+            }
+            index
+        });
+        let unchanged = index
+            .get(entry.api_server_id.as_str())
+            .is_some_and(|olds| olds.iter().any(|o| same_entry(o, entry)));
+        self.unchanged.insert(i, unchanged);
+        unchanged
     }
 
     /// `Some(note)` when `v` (a violation of the new object) is excused by the stored object.
     pub fn excuse(&mut self, v: &Violation) -> Option<&'static str> {
         let old = self.old?;
         if v.entry_id.is_some() && v.code != Code::ApiServerIdDuplicate {
-            let entry = entry_index(&v.path).and_then(|i| self.new.status.storage_versions.get(i));
-            if entry.is_some_and(|e| entry_unchanged(e, Some(old))) {
+            if entry_index(&v.path).is_some_and(|i| self.entry_unchanged_at(i)) {
                 return Some(UNCHANGED_NOTE);
             }
         }

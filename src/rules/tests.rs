@@ -1062,11 +1062,13 @@ fn removing_entries_is_allowed() {
 
 #[test]
 fn an_old_violation_at_the_same_place_excuses_a_changed_entry() {
-    // Entry "a" changes (new served version) but its bad decodableVersions[1] was already there.
+    // Entry "a" changes (new served version) but its bad decodableVersions[1] was already there,
+    // with the same value (a changed bad value is a new violation: see
+    // ratchet_carries_a_violation_over_only_when_its_value_is_unchanged).
     let old = object("core.pods", vec![entry("a", "v1", &["v1", "/x"], &[])]);
     let new = object(
         "core.pods",
-        vec![entry("a", "v1", &["v1", "/y", "V3"], &["v1"])],
+        vec![entry("a", "v1", &["v1", "/x", "V3"], &["v1"])],
     );
     let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
     let got: Vec<(&str, Severity)> = e
@@ -1186,4 +1188,32 @@ fn valid_write_has_no_findings() {
     let f = live_facts(&sv);
     assert_eq!(evaluate(&sv, None, &f, &opts()), Evaluation::default());
     assert_eq!(evaluate(&sv, Some(&sv), &f, &opts()), Evaluation::default());
+}
+
+#[test]
+fn ratchet_carries_a_violation_over_only_when_its_value_is_unchanged() {
+    // Outside entries: a bad condition type stays a warning while unchanged...
+    let mut old = object("core.pods", vec![]);
+    old.status.conditions = vec![condition("bad type!", "True", "r", "m")];
+    let mut new = old.clone();
+    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
+    assert_eq!(
+        finding_summary(&e),
+        vec![(Code::ConditionTypeInvalid, Severity::Warn, None)]
+    );
+    // ...but changing it into another bad value is a new violation.
+    new.status.conditions[0].type_ = "other bad!".into();
+    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
+    assert_eq!(
+        finding_summary(&e),
+        vec![(Code::ConditionTypeInvalid, Severity::Deny, None)]
+    );
+    // Inside an entry: the same place, another bad version.
+    let old = object("core.pods", vec![entry("a", "v1", &["v1", "x/y/z"], &[])]);
+    let new = object("core.pods", vec![entry("a", "v1", &["v1", "p/q/r"], &[])]);
+    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
+    assert_eq!(
+        finding_summary(&e),
+        vec![(Code::VersionInvalid, Severity::Deny, Some("a"))]
+    );
 }

@@ -4,10 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::admission::Enforcement;
+use crate::admission::{Enforcement, ReviewLimits};
 
 /// The apiserver's own request body limit.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 1024 * 1024;
+/// Default of `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default of `--admin-max-connections`.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
 
 /// Flags of `storageversion-webhook serve`.
 #[derive(Clone, Debug, clap::Args)]
@@ -57,6 +61,29 @@ pub struct ServeArgs {
     /// connection the server is closing.
     #[arg(long, env = "SVW_HEADER_READ_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
     pub header_read_timeout: Duration,
+
+    /// Most connections open at once on the admission listener. When all are taken, the oldest
+    /// one with no request in progress is closed to make room; if every one is busy, new
+    /// connections wait. kube-apiserver keeps a few connections per replica.
+    #[arg(long, env = "SVW_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
+
+    /// An admission connection (HTTP/1.1 or HTTP/2) with no request in progress for this long is
+    /// closed. Longer than kube-apiserver's 90 s idle-connection timeout, like
+    /// --header-read-timeout; HTTP/2 connections are also pinged every 30 s.
+    #[arg(long, env = "SVW_IDLE_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
+    pub idle_timeout: Duration,
+
+    /// Most connections open at once on the admin listener (same rule as --max-connections).
+    #[arg(long, env = "SVW_ADMIN_MAX_CONNECTIONS", default_value_t = DEFAULT_ADMIN_MAX_CONNECTIONS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub admin_max_connections: usize,
+
+    /// On the admin listener: longest wait for a request's headers, and longest a connection may
+    /// stay open with no request in progress. Probes and scrapes send their request at once.
+    #[arg(long, env = "SVW_ADMIN_TIMEOUT", default_value = "10s", value_parser = parse_positive_duration)]
+    pub admin_timeout: Duration,
 
     /// On SIGTERM/SIGINT: how long to keep serving after /readyz turns 503, before the listener
     /// stops accepting (time for endpoints to drop this pod).
@@ -110,6 +137,12 @@ pub struct ServerConfig {
     pub tls: TlsSettings,
     pub max_request_bytes: usize,
     pub header_read_timeout: Duration,
+    pub max_connections: usize,
+    pub idle_timeout: Duration,
+    pub admin_max_connections: usize,
+    pub admin_timeout: Duration,
+    /// What one review may cost.
+    pub review_limits: ReviewLimits,
     pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
     pub enforcement: Enforcement,
@@ -132,6 +165,11 @@ impl ServerConfig {
             },
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             header_read_timeout: Duration::from_secs(120),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            idle_timeout: Duration::from_secs(120),
+            admin_max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            admin_timeout: Duration::from_secs(10),
+            review_limits: ReviewLimits::default(),
             shutdown_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(25),
             enforcement: Enforcement::Deny,
@@ -155,6 +193,11 @@ impl From<&ServeArgs> for ServerConfig {
             },
             max_request_bytes: a.max_request_bytes,
             header_read_timeout: a.header_read_timeout,
+            max_connections: a.max_connections,
+            idle_timeout: a.idle_timeout,
+            admin_max_connections: a.admin_max_connections,
+            admin_timeout: a.admin_timeout,
+            review_limits: ReviewLimits::default(),
             shutdown_delay: a.shutdown_delay,
             shutdown_grace: a.shutdown_grace,
             enforcement: a.enforcement,

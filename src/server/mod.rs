@@ -10,17 +10,20 @@
 
 pub mod admin;
 pub mod args;
+pub mod conns;
 pub mod listener;
 pub mod shutdown;
 pub mod tls;
 pub mod validate;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
 use axum::Router;
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
@@ -61,6 +64,7 @@ pub struct Server {
     health: Arc<Health>,
     router: Router,
     admin_router: Router,
+    background: Vec<(&'static str, BoxFuture<'static, String>)>,
 }
 
 impl Server {
@@ -94,7 +98,8 @@ impl Server {
             config.enforcement,
             config.lease_skew_allowance,
             deps.metrics.clone(),
-        );
+        )
+        .with_limits(config.review_limits);
         let router = validate::router(review, deps.metrics, config.max_request_bytes);
         let admin_router = admin::router(Arc::clone(&health), deps.registry);
         Ok(Server {
@@ -108,7 +113,20 @@ impl Server {
             health,
             router,
             admin_router,
+            background: Vec::new(),
         })
+    }
+
+    /// Watches a background task the server cannot do without (e.g. the lease view's watch, the
+    /// garbage collector): if `task` ever resolves, `/readyz` fails and [`Server::serve`] returns
+    /// an error naming it (with the text `task` resolved to), so the process exits and is
+    /// restarted instead of running on silently without it.
+    pub fn watch_task(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = String> + Send + 'static,
+    ) {
+        self.background.push((name, task.boxed()));
     }
 
     /// Where the HTTPS admission listener is bound.
@@ -147,6 +165,7 @@ impl Server {
             health,
             router,
             admin_router,
+            mut background,
         } = self;
         tracing::info!(
             listen = %admission_addr,
@@ -155,20 +174,43 @@ impl Server {
             alpn = if config.tls.http2 { "h2,http/1.1" } else { "http/1.1" },
             mtls = config.tls.client_ca_file.is_some(),
             max_request_bytes = config.max_request_bytes,
+            max_connections = config.max_connections,
+            admin_max_connections = config.admin_max_connections,
+            max_lease_lookups = config.review_limits.max_lease_lookups,
+            max_findings = config.review_limits.max_findings,
             "serving admission reviews"
         );
 
-        let reloader = certs.spawn_reloader(config.tls.reload_interval);
-        let _reloader = AbortOnDrop(reloader);
+        let mut reloader = AbortOnDrop(certs.spawn_reloader(config.tls.reload_interval));
+        background.push((
+            "certificate reloader",
+            async move {
+                match (&mut reloader.0).await {
+                    Ok(()) => "it returned".to_string(),
+                    Err(e) => e.to_string(),
+                }
+            }
+            .boxed(),
+        ));
 
+        let admin_settings = Arc::new(listener::ConnSettings::new(
+            "admin",
+            None,
+            config.admin_timeout,
+            config.admin_timeout,
+            config.admin_timeout,
+            config.admin_max_connections,
+        ));
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-        let mut admin_task = tokio::spawn(
-            axum::serve(admin, admin_router)
-                .with_graceful_shutdown(async move {
-                    let _ = admin_stopped.await;
-                })
-                .into_future(),
-        );
+        let mut admin_task = AbortOnDrop(tokio::spawn(listener::accept_loop(
+            admin,
+            admin_router,
+            admin_settings,
+            async move {
+                let _ = admin_stopped.await;
+            },
+            ADMIN_CLOSE_TIMEOUT,
+        )));
 
         let delay = config.shutdown_delay;
         let stop = {
@@ -183,37 +225,44 @@ impl Server {
             }
         };
         let settings = Arc::new(listener::ConnSettings::new(
+            "admission",
+            Some(acceptor),
             config.tls.handshake_timeout,
             config.header_read_timeout,
+            config.idle_timeout,
+            config.max_connections,
         ));
-        let accept = listener::accept_loop(
-            admission,
-            acceptor,
-            router,
-            settings,
-            stop,
-            config.shutdown_grace,
-        );
+        let accept = listener::accept_loop(admission, router, settings, stop, config.shutdown_grace);
+
+        let background_ended = async move {
+            if background.is_empty() {
+                return futures::future::pending().await;
+            }
+            let names: Vec<&'static str> = background.iter().map(|(name, _)| *name).collect();
+            let tasks = background.into_iter().map(|(_, task)| task);
+            let (why, i, _) = futures::future::select_all(tasks).await;
+            (names[i], why)
+        };
 
         tokio::select! {
             () = accept => {}
-            ended = &mut admin_task => {
+            ended = &mut admin_task.0 => {
                 health.set_shutting_down();
                 return Err(match ended {
-                    Ok(Ok(())) => anyhow!("admin listener on {admin_addr} stopped unexpectedly"),
-                    Ok(Err(e)) => anyhow!("admin listener on {admin_addr} failed: {e}"),
+                    Ok(()) => anyhow!("admin listener on {admin_addr} stopped unexpectedly"),
                     Err(e) => anyhow!("admin listener on {admin_addr} failed: {e}"),
                 });
+            }
+            (name, why) = background_ended => {
+                health.set_shutting_down();
+                tracing::error!(task = name, reason = %why, "a background task ended; exiting so that the process is restarted");
+                return Err(anyhow!("background task {name} ended: {why}"));
             }
         }
 
         let _ = admin_stop.send(());
-        if tokio::time::timeout(ADMIN_CLOSE_TIMEOUT, &mut admin_task)
-            .await
-            .is_err()
-        {
-            admin_task.abort();
-        }
+        // Dropping the task handle aborts what is left of the admin listener.
+        let _ = tokio::time::timeout(ADMIN_CLOSE_TIMEOUT * 2, &mut admin_task.0).await;
         tracing::info!("shut down");
         Ok(())
     }
@@ -246,7 +295,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let server = Server::bind(
         ServerConfig::from(&args),
         Deps {
-            leases: view,
+            leases: Arc::new(crate::leases::coalesce::Coalescing::new(view)),
             readiness,
             metrics,
             registry: Arc::new(registry),

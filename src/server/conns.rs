@@ -1,0 +1,277 @@
+//! What a connection may cost: a bound on open connections per listener, an idle timeout, and
+//! the bookkeeping both need.
+//!
+//! A listener holds at most `max` connections. When a new one arrives while all slots are taken,
+//! the oldest connection with no request in progress is asked to close (an idle keep-alive
+//! connection, or one still in its TLS handshake), so idle clients can never lock out the
+//! apiserver or a probe; when every connection is busy, the new one waits (unaccepted work stays
+//! in the kernel's backlog) until a slot frees. A request in progress is never cut off.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use hyper_util::server::graceful::GracefulConnection;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// How often a new connection waiting for a slot asks another idle connection to close.
+const EVICT_RETRY: Duration = Duration::from_millis(50);
+
+/// How long a connection asked to close (evicted or idle) may take to finish before it is
+/// dropped.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The open connections of one listener.
+pub struct ConnLimit {
+    max: usize,
+    permits: Arc<Semaphore>,
+    open: Mutex<BTreeMap<u64, Arc<ConnState>>>,
+    next_id: AtomicU64,
+    /// Cancelled when the listener drains: every connection closes gracefully.
+    drain: CancellationToken,
+}
+
+/// One open connection: how many requests are in progress and since when it is idle.
+pub struct ConnState {
+    started: Instant,
+    requests: AtomicUsize,
+    /// Milliseconds after `started` when the last request ended (or the connection opened).
+    idle_since_ms: AtomicU64,
+    close: CancellationToken,
+}
+
+impl ConnState {
+    /// Marks a request in progress until the guard is dropped.
+    pub fn begin_request(self: &Arc<Self>) -> RequestGuard {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        RequestGuard(Arc::clone(self))
+    }
+
+    /// Resolves when the connection is asked to close (evicted, or the listener drains).
+    pub async fn closing(&self) {
+        self.close.cancelled().await;
+    }
+
+    fn is_idle(&self) -> bool {
+        self.requests.load(Ordering::SeqCst) == 0
+    }
+
+    /// How long the connection has had no request in progress (zero while it has one).
+    fn idle_for(&self) -> Duration {
+        if !self.is_idle() {
+            return Duration::ZERO;
+        }
+        let since = Duration::from_millis(self.idle_since_ms.load(Ordering::SeqCst));
+        self.started.elapsed().saturating_sub(since)
+    }
+}
+
+/// A request in progress on a connection.
+pub struct RequestGuard(Arc<ConnState>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let now = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.idle_since_ms.store(now, Ordering::SeqCst);
+        self.0.requests.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A held connection slot; dropping it frees the slot.
+pub struct Slot {
+    id: u64,
+    limit: Arc<ConnLimit>,
+    pub state: Arc<ConnState>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.limit.open.lock() {
+            open.remove(&self.id);
+        }
+    }
+}
+
+impl ConnLimit {
+    pub fn new(max: usize) -> Arc<Self> {
+        let max = max.max(1);
+        Arc::new(ConnLimit {
+            max,
+            permits: Arc::new(Semaphore::new(max)),
+            open: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(0),
+            drain: CancellationToken::new(),
+        })
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+
+    /// Asks every connection to close gracefully (requests in progress finish first).
+    pub fn drain(&self) {
+        self.drain.cancel();
+    }
+
+    /// A slot for a new connection: at once when one is free; else the oldest idle connection
+    /// is asked to close and this waits for a slot to free.
+    pub async fn acquire(self: &Arc<Self>) -> Slot {
+        loop {
+            if let Ok(permit) = Arc::clone(&self.permits).try_acquire_owned() {
+                return self.register(permit);
+            }
+            self.evict_oldest_idle();
+            tokio::select! {
+                permit = Arc::clone(&self.permits).acquire_owned() => {
+                    if let Ok(permit) = permit {
+                        return self.register(permit);
+                    }
+                }
+                () = tokio::time::sleep(EVICT_RETRY) => {}
+            }
+        }
+    }
+
+    fn register(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Slot {
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        let state = Arc::new(ConnState {
+            started: Instant::now(),
+            requests: AtomicUsize::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            close: self.drain.child_token(),
+        });
+        if let Ok(mut open) = self.open.lock() {
+            open.insert(id, Arc::clone(&state));
+        }
+        Slot {
+            id,
+            limit: Arc::clone(self),
+            state,
+            _permit: permit,
+        }
+    }
+
+    /// Asks the oldest idle connection not yet asked to close. Returns whether there was one.
+    fn evict_oldest_idle(&self) -> bool {
+        let Ok(open) = self.open.lock() else {
+            return false;
+        };
+        match open
+            .values()
+            .find(|c| c.is_idle() && !c.close.is_cancelled())
+        {
+            Some(c) => {
+                c.close.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Why a connection ended besides the peer closing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The connection finished (the peer closed it, or it closed after a graceful shutdown).
+    Done,
+    /// It was asked to close and did not within [`CLOSE_DEADLINE`]; it was dropped.
+    Dropped,
+}
+
+/// Serves `conn` until it ends, closing it gracefully when the slot is asked to (eviction or
+/// drain) or when it has had no request in progress for `idle_timeout`.
+pub async fn drive<C>(conn: C, state: &ConnState, idle_timeout: Duration) -> (Ended, Result<(), C::Error>)
+where
+    C: GracefulConnection,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => return (Ended::Done, result),
+        () = state.close.cancelled() => {}
+        () = idle(state, idle_timeout) => {
+            tracing::debug!(idle_timeout = ?idle_timeout, "closing an idle connection");
+        }
+    }
+    conn.as_mut().graceful_shutdown();
+    match tokio::time::timeout(CLOSE_DEADLINE, conn).await {
+        Ok(result) => (Ended::Done, result),
+        Err(_) => (Ended::Dropped, Ok(())),
+    }
+}
+
+/// Resolves once the connection has had no request in progress for `timeout`.
+fn idle(state: &ConnState, timeout: Duration) -> impl Future<Output = ()> + '_ {
+    async move {
+        loop {
+            let idle_for = state.idle_for();
+            if idle_for >= timeout {
+                return;
+            }
+            tokio::time::sleep(timeout - idle_for).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_full_limit_evicts_the_oldest_idle_connection_and_never_a_busy_one() {
+        let limit = ConnLimit::new(2);
+        let busy = limit.acquire().await;
+        let _request = busy.state.begin_request();
+        let idle = limit.acquire().await;
+        assert_eq!(limit.open(), 2);
+        let close = idle.state.close.clone();
+        let waiting = tokio::spawn({
+            let limit = Arc::clone(&limit);
+            async move { limit.acquire().await }
+        });
+        tokio::time::timeout(Duration::from_secs(5), close.cancelled())
+            .await
+            .expect("the idle connection is asked to close");
+        assert!(!busy.state.close.is_cancelled(), "a busy connection is never evicted");
+        drop(idle);
+        let third = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiting connection gets the freed slot")
+            .expect("task");
+        assert_eq!(limit.open(), 2);
+        drop(third);
+        assert_eq!(limit.open(), 1);
+    }
+
+    #[tokio::test]
+    async fn drain_asks_every_connection_to_close() {
+        let limit = ConnLimit::new(4);
+        let a = limit.acquire().await;
+        let b = limit.acquire().await;
+        limit.drain();
+        assert!(a.state.close.is_cancelled() && b.state.close.is_cancelled());
+    }
+
+    #[tokio::test]
+    async fn idle_time_counts_from_the_last_request() {
+        let limit = ConnLimit::new(1);
+        let slot = limit.acquire().await;
+        let guard = slot.state.begin_request();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(slot.state.idle_for(), Duration::ZERO, "busy is never idle");
+        drop(guard);
+        assert!(slot.state.idle_for() < Duration::from_millis(250));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(slot.state.idle_for() >= Duration::from_millis(300));
+    }
+}
