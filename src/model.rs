@@ -158,6 +158,30 @@ pub struct LeaseRecord {
 }
 
 impl LeaseRecord {
+    /// The one definition of when an identity lease expires: `renewTime + leaseDurationSeconds`,
+    /// or `None` when either is missing (then it counts as expired). A sum past the largest
+    /// time saturates (such a lease is not expired).
+    pub fn expiry(&self) -> Option<k8s_openapi::jiff::Timestamp> {
+        let renew = self.renew_time?;
+        let duration = self.lease_duration_seconds?;
+        Some(
+            renew
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(
+                    duration,
+                )))
+                .unwrap_or(if duration < 0 {
+                    k8s_openapi::jiff::Timestamp::MIN
+                } else {
+                    k8s_openapi::jiff::Timestamp::MAX
+                }),
+        )
+    }
+
+    /// Carries `apiserver.kubernetes.io/identity=kube-apiserver`.
+    pub fn is_apiserver(&self) -> bool {
+        self.identity_label.as_deref() == Some(IDENTITY_LABEL_VALUE)
+    }
+
     pub fn from_lease(lease: &k8s_openapi::api::coordination::v1::Lease) -> Self {
         let spec = lease.spec.as_ref();
         LeaseRecord {

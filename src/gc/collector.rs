@@ -1,34 +1,43 @@
-//! The collector's work while this replica leads (one *term*): watches, queue, sweeps, writes.
+//! The collector's work while this replica leads (one *term*).
 //!
-//! Data flows one way: lease and StorageVersion events (and sweeps) decide *which* objects to
-//! look at; [`Term::process`] reads each one live, judges its entries' leases with live GETs,
-//! asks the pure [`plan`](super::plan) what to do, re-checks the leases it is about to remove,
-//! and writes. Everything stops when the term's token is cancelled.
+//! It judges from two stores, not from per-object reads: StorageVersions from a watch folded
+//! into a kube-runtime reflector store (metadata trimmed, see [`StoredSv`]), identity leases from
+//! the process's shared [`LeaseStore`]. One loop runs *passes*, woken by store events, by the
+//! next grace to run out, and by the periodic sweep. A pass is four steps:
+//!
+//! 1. [`Term::observe`]: from the stores, which apiServerIDs look gone and which objects name
+//!    them (also the `stale_entries` gauge). No API call.
+//! 2. [`Term::due`]: which of those *suspects* have been gone for the deletion grace (or are
+//!    expired beyond the expired-lease grace, or were deleted and need a follow-up).
+//! 3. [`Term::confirm`]: one live GET per due lease, right before the writes that act on it: a
+//!    lease that is back, or a lookup that fails, removes nothing.
+//! 4. [`Term::act`]: each object naming a confirmed lease costs one write (the `/status` PUT with
+//!    the stored copy's resourceVersion, or the preconditioned DELETE); a conflict reads the
+//!    object again and retries. [`Term::send`] is the one place write errors are mapped.
+//!
+//! Everything stops when the term's token is cancelled.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
-use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use super::metrics::{GcMetrics, ReasonLabels, ResultLabels};
+use super::metrics::{GcMetrics, InFlight, ReasonLabels, ResultLabels};
 use super::plan::{self, LeaseState, Plan, Reason, Removal};
-use crate::leases::{LeaseChange, LeaseSet};
-use crate::model::{
-    LeaseLookup, LeaseRecord, StorageVersion, API_VERSION, IDENTITY_LABEL_KEY,
-    IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE, KIND,
-};
+use super::stored::StoredSv;
+use crate::leases::{could_be_lease_name, LeaseChange, LeaseStore, StoreEvent};
+use crate::model::{LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LEASE_NAMESPACE};
 
 /// Settings of the collector (from [`super::GcArgs`]).
 #[derive(Clone, Debug)]
@@ -42,19 +51,19 @@ pub struct CollectorConfig {
 
 /// How long one API call may take before it counts as failed.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-/// Conflicts retried at once (with backoff) before the object is requeued.
+/// Conflicts retried at once (with backoff) before the object waits for the next pass.
 const MAX_CONFLICT_RETRIES: u32 = 6;
 const MIN_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(30);
-/// How long a sweep waits for the lease watch to list before it goes ahead anyway.
-const SYNC_WAIT: Duration = Duration::from_secs(30);
+/// Shortest time between two passes, so a burst of store events costs one pass, not hundreds.
+const MIN_PASS_INTERVAL: Duration = Duration::from_millis(50);
 /// Longest an Event note may be (the API allows 1 kB).
 const MAX_NOTE: usize = 1000;
 
 /// Long-lived pieces shared by every term.
 pub struct Collector {
-    svs: Api<StorageVersion>,
-    leases: Api<Lease>,
+    svs: Api<StoredSv>,
+    leases: LeaseStore,
     cfg: CollectorConfig,
     metrics: GcMetrics,
     recorder: Recorder,
@@ -63,6 +72,7 @@ pub struct Collector {
 impl Collector {
     pub fn new(
         client: kube::Client,
+        leases: LeaseStore,
         cfg: CollectorConfig,
         metrics: GcMetrics,
         identity: &str,
@@ -75,88 +85,118 @@ impl Collector {
             },
         );
         Collector {
-            svs: Api::all(client.clone()),
-            leases: Api::namespaced(client, IDENTITY_LEASE_NAMESPACE),
+            svs: Api::all(client),
+            leases,
             cfg,
             metrics,
             recorder,
         }
     }
 
-    /// One term of leadership: runs until `token` is cancelled, then waits for its tasks.
+    /// One term of leadership: runs until `token` is cancelled.
     pub async fn lead(self: Arc<Self>, token: CancellationToken) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (reader, writer) = reflector::store();
         let term = Arc::new(Term {
             c: Arc::clone(&self),
             token: token.clone(),
-            tasks: TaskTracker::new(),
-            absent_since: Mutex::new(HashMap::new()),
-            cache: Mutex::new(LeaseSet::default()),
-            synced: Notify::new(),
-            queued: Mutex::new(HashSet::new()),
-            queue: tx,
-            workers: Semaphore::new(self.cfg.concurrency.max(1)),
-            locks: Mutex::new(HashMap::new()),
-            failures: Mutex::new(HashMap::new()),
-            expiry_handled: Mutex::new(HashSet::new()),
+            svs: reader,
+            wake: Notify::new(),
+            sweep_due: AtomicBool::new(true),
+            state: Mutex::new(TermState::default()),
         });
-        term.tasks.spawn(Arc::clone(&term).watch_leases());
-        term.tasks.spawn(Arc::clone(&term).watch_storage_versions());
-        term.tasks.spawn(Arc::clone(&term).sweeper());
-        term.tasks.spawn(Arc::clone(&term).worker(rx));
-        if self.cfg.expired_grace.is_some() {
-            term.tasks.spawn(Arc::clone(&term).expiry_scanner());
-        }
-        token.cancelled().await;
-        term.tasks.close();
-        term.tasks.wait().await;
+        let changes = self.leases.subscribe();
+        tokio::join!(
+            Arc::clone(&term).watch_storage_versions(writer),
+            Arc::clone(&term).follow_leases(changes),
+            Arc::clone(&term).sweeper(),
+            Arc::clone(&term).run(),
+        );
+        self.metrics.stale_entries.set(0);
     }
+}
+
+/// An apiServerID whose lease looks gone (or was deleted), being waited on.
+#[derive(Clone, Debug)]
+struct Suspect {
+    /// When this term first saw it gone.
+    since: Instant,
+    /// The deletion grace applies (missing, or not an apiserver's); not for an expired lease.
+    needs_grace: bool,
+    /// A deletion (or a lease gone at a relist) to follow up with a GET even if no object
+    /// names it.
+    follow_up: bool,
+    /// After a failed lookup or write: not before this.
+    retry_at: Option<Instant>,
+    failures: u32,
+}
+
+impl Suspect {
+    fn new(since: Instant) -> Suspect {
+        Suspect {
+            since,
+            needs_grace: true,
+            follow_up: false,
+            retry_at: None,
+            failures: 0,
+        }
+    }
+
+    fn due_at(&self, grace: Duration) -> Instant {
+        let after = if self.needs_grace {
+            self.since + grace
+        } else {
+            self.since
+        };
+        self.retry_at.map_or(after, |r| r.max(after))
+    }
+}
+
+#[derive(Default)]
+struct TermState {
+    suspects: HashMap<String, Suspect>,
+    /// Objects already written (or, in a dry run, reported) at this resourceVersion: the store
+    /// may still hold the old copy for a moment; don't write it twice.
+    acted: HashMap<String, String>,
 }
 
 /// What one term knows and runs.
 struct Term {
     c: Arc<Collector>,
     token: CancellationToken,
-    tasks: TaskTracker,
-    /// apiServerID → when its lease was first seen absent (or unlabelled) in this term.
-    absent_since: Mutex<HashMap<String, Instant>>,
-    /// Identity leases from the watch: only decides which objects to look at, never what to
-    /// remove (that takes live GETs).
-    cache: Mutex<LeaseSet>,
-    synced: Notify,
-    queued: Mutex<HashSet<String>>,
-    queue: mpsc::UnboundedSender<String>,
-    workers: Semaphore,
-    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    failures: Mutex<HashMap<String, u32>>,
-    expiry_handled: Mutex<HashSet<String>>,
+    svs: Store<StoredSv>,
+    wake: Notify,
+    sweep_due: AtomicBool,
+    state: Mutex<TermState>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Lease names are DNS-1123 subdomains; anything else cannot exist (and is not put in a URL).
-fn could_be_lease_name(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 253
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+/// What the stores show at one moment.
+#[derive(Debug, Default)]
+struct Observed {
+    /// Gone-looking apiServerIDs named by some object, and whether the deletion grace applies.
+    gone: BTreeMap<String, bool>,
+    /// Entries whose apiserver's lease is missing, not an apiserver's, or expired.
+    stale_entries: usize,
+    /// The earliest instant a named lease will count as expired beyond the expired-lease grace.
+    next_expiry: Option<Instant>,
 }
 
-fn is_status(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
+/// How a write went, after [`Term::send`] mapped it.
+enum Sent {
+    Ok(StoredSv),
+    Conflict,
+    Gone,
+    Failed,
 }
 
-/// The outcome of one check of one StorageVersion.
+/// What became of one object in [`Term::act`].
 enum Outcome {
     Done,
-    /// Check again after this long.
-    RetryIn(Duration),
-    /// Check again at this instant (an absent lease's grace runs out).
-    RetryAt(Instant),
-    Cancelled,
+    /// Try again at a later pass (a failed write or read).
+    Retry,
 }
 
 impl Term {
@@ -185,254 +225,19 @@ impl Term {
         }
     }
 
-    fn spawn_after(self: &Arc<Self>, delay: Duration, f: impl FnOnce(Arc<Term>) + Send + 'static) {
-        let term = Arc::clone(self);
-        self.tasks.spawn(async move {
-            if term.cancellable(tokio::time::sleep(delay)).await.is_some() {
-                f(term);
-            }
-        });
-    }
+    // ------------------------------------------------------------ inputs --
 
-    // ------------------------------------------------------------------ queue --
-
-    fn enqueue(&self, name: &str) {
-        if lock(&self.queued).insert(name.to_string()) {
-            let _ = self.queue.send(name.to_string());
-        }
-    }
-
-    fn enqueue_after(self: &Arc<Self>, name: String, delay: Duration) {
-        self.spawn_after(delay, move |t| t.enqueue(&name));
-    }
-
-    async fn worker(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<String>) {
-        while let Some(Some(name)) = self.cancellable(rx.recv()).await {
-            lock(&self.queued).remove(&name);
-            let term = Arc::clone(&self);
-            self.tasks.spawn(async move { term.check(name).await });
-        }
-    }
-
-    /// Checks one object and schedules a retry if it asks for one.
-    async fn check(self: Arc<Self>, name: String) {
-        let outcome = self.process(&name).await;
-        match outcome {
-            Outcome::Done | Outcome::Cancelled => {
-                lock(&self.failures).remove(&name);
-            }
-            Outcome::RetryAt(at) => {
-                let delay = at.saturating_duration_since(Instant::now());
-                self.enqueue_after(name, delay + Duration::from_millis(50));
-            }
-            Outcome::RetryIn(min) => {
-                let n = {
-                    let mut f = lock(&self.failures);
-                    let n = f.entry(name.clone()).or_insert(0);
-                    *n = n.saturating_add(1);
-                    *n
-                };
-                let delay = backoff(n).max(min);
-                self.enqueue_after(name, delay);
-            }
-        }
-    }
-
-    // ---------------------------------------------------------------- leases --
-
-    async fn watch_leases(self: Arc<Self>) {
-        let config = watcher::Config::default()
-            .labels(&format!("{IDENTITY_LABEL_KEY}={IDENTITY_LABEL_VALUE}"));
-        let mut events = std::pin::pin!(watcher(self.c.leases.clone(), config).default_backoff());
+    /// Feeds the StorageVersion store (a paginated list, then watch events) and wakes the loop.
+    async fn watch_storage_versions(self: Arc<Self>, writer: reflector::store::Writer<StoredSv>) {
+        let events = watcher(self.c.svs.clone(), watcher::Config::default())
+            .modify(|sv| *sv = std::mem::take(sv).trim())
+            .default_backoff()
+            .reflect(writer);
+        let mut events = std::pin::pin!(events);
         while let Some(Some(event)) = self.cancellable(events.next()).await {
             match event {
-                Ok(event) => self.lease_event(event),
-                Err(e) => {
-                    self.c.metrics.error("watch_leases");
-                    tracing::warn!(error = %e, "identity lease watch failed; retrying");
-                }
-            }
-        }
-    }
-
-    fn lease_event(self: &Arc<Self>, event: watcher::Event<Lease>) {
-        let change = lock(&self.cache).apply(event);
-        match change {
-            LeaseChange::None => {}
-            LeaseChange::Listed { vanished } => {
-                let present: Vec<String> = lock(&self.cache).names().map(String::from).collect();
-                self.c.metrics.lease_event("listed");
-                for name in present {
-                    self.lease_present(&name);
-                }
-                // Deleted while the watch was down: upstream's tombstone case.
-                for name in vanished {
-                    self.lease_gone(name, "vanished");
-                }
-                self.synced.notify_waiters();
-            }
-            LeaseChange::Applied(name) => self.lease_present(&name),
-            // Deleted, or no longer carries the identity label (the selector drops it).
-            LeaseChange::Deleted(name) => self.lease_gone(name, "deleted"),
-        }
-    }
-
-    fn lease_present(&self, name: &str) {
-        lock(&self.absent_since).remove(name);
-        lock(&self.expiry_handled).remove(name);
-    }
-
-    /// A lease went away: remember since when, and look again once the grace is over.
-    fn lease_gone(self: &Arc<Self>, name: String, how: &'static str) {
-        self.c.metrics.lease_event(how);
-        lock(&self.absent_since)
-            .entry(name.clone())
-            .or_insert_with(Instant::now);
-        tracing::info!(
-            lease = %format!("{IDENTITY_LEASE_NAMESPACE}/{name}"),
-            how,
-            grace = ?self.c.cfg.deletion_grace,
-            "identity lease gone; checking again after the deletion grace"
-        );
-        self.spawn_after(self.c.cfg.deletion_grace, move |t| {
-            let t2 = Arc::clone(&t);
-            t.tasks.spawn(async move { t2.lease_check(name, 0).await });
-        });
-    }
-
-    /// Looks at lease `name` live; if it is still gone, queues every object with its entries.
-    /// (Boxed: it schedules itself again on errors.)
-    fn lease_check(self: Arc<Self>, name: String, attempt: u32) -> BoxFuture<'static, ()> {
-        Box::pin(self.lease_check_once(name, attempt))
-    }
-
-    async fn lease_check_once(self: Arc<Self>, name: String, attempt: u32) {
-        let lookup = match self.lookup(&name).await {
-            Some(l) => l,
-            None => return,
-        };
-        let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
-        match state {
-            LeaseState::Unknown(e) => {
-                self.c.metrics.lease_check("error");
-                tracing::warn!(lease = %name, error = %e, "cannot check identity lease; retrying");
-                let delay = backoff(attempt + 1);
-                self.spawn_after(delay, move |t| {
-                    let t2 = Arc::clone(&t);
-                    t.tasks
-                        .spawn(async move { t2.lease_check(name, attempt + 1).await });
-                });
-            }
-            LeaseState::Live => {
-                self.c.metrics.lease_check("present");
-                lock(&self.absent_since).remove(&name);
-                tracing::info!(lease = %name, "identity lease is back; nothing to collect");
-            }
-            gone => {
-                if gone.needs_deletion_grace() {
-                    lock(&self.absent_since)
-                        .entry(name.clone())
-                        .or_insert_with(Instant::now);
-                }
-                let listed = match self
-                    .call(
-                        "LIST storageversions",
-                        self.c.svs.list(&ListParams::default()),
-                    )
-                    .await
-                {
-                    Some(r) => r,
-                    None => return,
-                };
-                match listed {
-                    Ok(list) => {
-                        self.c.metrics.lease_check("absent");
-                        let mut n = 0;
-                        for sv in list.items.iter().filter(|sv| sv.entry(&name).is_some()) {
-                            n += 1;
-                            self.enqueue(sv.name());
-                        }
-                        tracing::info!(
-                            lease = %name,
-                            objects = n,
-                            "identity lease still gone; checking the StorageVersions that name it"
-                        );
-                    }
-                    Err(e) => {
-                        self.c.metrics.lease_check("error");
-                        self.c.metrics.error("list_storage_versions");
-                        tracing::warn!(error = %e, "cannot list StorageVersions; retrying");
-                        let delay = backoff(attempt + 1);
-                        self.spawn_after(delay, move |t| {
-                            let t2 = Arc::clone(&t);
-                            t.tasks
-                                .spawn(async move { t2.lease_check(name, attempt + 1).await });
-                        });
-                    }
-                }
-            }
-        }
-    }
-
-    /// With `--gc-expired-lease-grace`: notices cached leases that have been expired for
-    /// longer than the grace (an expiring lease sends no event).
-    async fn expiry_scanner(self: Arc<Self>) {
-        let Some(grace) = self.c.cfg.expired_grace else {
-            return;
-        };
-        let every = (grace / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
-        let mut tick = tokio::time::interval(every);
-        while self.cancellable(tick.tick()).await.is_some() {
-            let now = Timestamp::now();
-            let due: Vec<String> = {
-                let cache = lock(&self.cache);
-                let handled = lock(&self.expiry_handled);
-                cache
-                    .records()
-                    .filter(|r| !handled.contains(&r.name))
-                    .filter(|r| plan::judge_record(r, now, Some(grace)).is_gone())
-                    .map(|r| r.name.clone())
-                    .collect()
-            };
-            for name in due {
-                lock(&self.expiry_handled).insert(name.clone());
-                let term = Arc::clone(&self);
-                self.tasks
-                    .spawn(async move { term.lease_check(name, 0).await });
-            }
-        }
-    }
-
-    /// A live GET of identity lease `id`; `None` if the term ended.
-    async fn lookup(&self, id: &str) -> Option<LeaseLookup> {
-        if !could_be_lease_name(id) {
-            return Some(LeaseLookup::NotFound);
-        }
-        let got = self.call("GET lease", self.c.leases.get_opt(id)).await?;
-        Some(match got {
-            Ok(Some(lease)) => LeaseLookup::Found(LeaseRecord::from_lease(&lease)),
-            Ok(None) => LeaseLookup::NotFound,
-            Err(e) => {
-                self.c.metrics.error("get_lease");
-                LeaseLookup::Failed(format!("GET lease {IDENTITY_LEASE_NAMESPACE}/{id}: {e}"))
-            }
-        })
-    }
-
-    // -------------------------------------------------------- storageversions --
-
-    async fn watch_storage_versions(self: Arc<Self>) {
-        let mut events = std::pin::pin!(
-            watcher(self.c.svs.clone(), watcher::Config::default()).default_backoff()
-        );
-        while let Some(Some(event)) = self.cancellable(events.next()).await {
-            match event {
-                Ok(watcher::Event::Apply(sv)) | Ok(watcher::Event::InitApply(sv)) => {
-                    if self.suspicious(&sv) {
-                        self.enqueue(sv.name());
-                    }
-                }
-                Ok(_) => {}
+                Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
+                Ok(_) => self.wake.notify_one(),
                 Err(e) => {
                     self.c.metrics.error("watch_storage_versions");
                     tracing::warn!(error = %e, "StorageVersion watch failed; retrying");
@@ -441,392 +246,490 @@ impl Term {
         }
     }
 
-    /// An object worth a live look: some entry's lease is not a live identity lease in the
-    /// cache. Before the cache has listed, nothing is (the first sweep covers that time).
-    fn suspicious(&self, sv: &StorageVersion) -> bool {
-        let cache = lock(&self.cache);
-        if !cache.is_synced() {
-            return false;
+    /// Lease deletions become suspects to follow up; a lease that is back wakes the loop.
+    async fn follow_leases(self: Arc<Self>, mut changes: tokio::sync::broadcast::Receiver<StoreEvent>) {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            let event = match self.cancellable(changes.recv()).await {
+                None | Some(Err(RecvError::Closed)) => return,
+                Some(Err(RecvError::Lagged(_))) => {
+                    // Missed changes: the next pass reads the whole store anyway.
+                    self.wake.notify_one();
+                    continue;
+                }
+                Some(Ok(event)) => event,
+            };
+            match event {
+                StoreEvent::WatchFailed(_) => self.c.metrics.error("watch_leases"),
+                StoreEvent::Changed(change) => match &*change {
+                    LeaseChange::Deleted(name) => {
+                        self.c.metrics.lease_event("deleted");
+                        self.follow_up(name);
+                    }
+                    LeaseChange::Listed { vanished } => {
+                        self.c.metrics.lease_event("listed");
+                        for name in vanished {
+                            self.c.metrics.lease_event("vanished");
+                            self.follow_up(name);
+                        }
+                        self.wake.notify_one();
+                    }
+                    LeaseChange::Applied(name) => {
+                        if lock(&self.state).suspects.contains_key(name) {
+                            self.wake.notify_one();
+                        }
+                    }
+                    LeaseChange::None => {}
+                },
+            }
         }
-        let now = Timestamp::now();
-        plan::entry_ids(sv)
-            .into_iter()
-            .any(|id| match cache.get(id) {
-                None => true,
-                Some(r) => plan::judge_record(r, now, self.c.cfg.expired_grace).is_gone(),
-            })
     }
 
-    /// Sweeps on gaining leadership and then every resync interval.
+    fn follow_up(&self, name: &str) {
+        let now = Instant::now();
+        lock(&self.state)
+            .suspects
+            .entry(name.to_string())
+            .or_insert_with(|| Suspect::new(now))
+            .follow_up = true;
+        self.wake.notify_one();
+    }
+
+    /// Asks for a full sweep on gaining leadership (set at start) and every resync interval.
     async fn sweeper(self: Arc<Self>) {
-        // Wait (bounded) for the lease watch's first list, so that events and sweep agree.
-        let synced = lock(&self.cache).is_synced();
-        if !synced {
-            let wait = tokio::time::timeout(SYNC_WAIT, self.synced.notified());
+        loop {
+            let sleep = tokio::time::sleep(self.c.cfg.resync_interval);
+            if self.cancellable(sleep).await.is_none() {
+                return;
+            }
+            self.sweep_due.store(true, Ordering::Release);
+            self.wake.notify_one();
+        }
+    }
+
+    // -------------------------------------------------------------- loop --
+
+    /// Waits for both stores' first lists, then runs passes until the term ends.
+    async fn run(self: Arc<Self>) {
+        let ready = async {
+            self.c.leases.synced().await;
+            self.svs.wait_until_ready().await
+        };
+        match self.cancellable(ready).await {
+            None => return,
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "StorageVersion store closed before it listed");
+                return;
+            }
+            Some(Ok(())) => {}
+        }
+        loop {
+            let sweep = self.sweep_due.swap(false, Ordering::AcqRel);
+            let started = std::time::Instant::now();
+            let Some(next) = self.pass().await else { return };
+            if sweep {
+                let took = started.elapsed();
+                self.c.metrics.sweep_duration.observe(took.as_secs_f64());
+                self.c.metrics.sweeps.inc();
+                tracing::info!(objects = self.svs.state().len(), took = ?took, "GC sweep done");
+            }
+            let wait = async {
+                tokio::time::sleep(MIN_PASS_INTERVAL).await;
+                match next {
+                    Some(at) => {
+                        tokio::select! {
+                            _ = self.wake.notified() => {}
+                            _ = tokio::time::sleep_until(at) => {}
+                        }
+                    }
+                    None => self.wake.notified().await,
+                }
+            };
             if self.cancellable(wait).await.is_none() {
                 return;
             }
         }
-        loop {
-            if Arc::clone(&self).sweep().await.is_none() {
-                return;
+    }
+
+    /// One pass: observe, pick what is due, confirm it live, act. Returns when the next pass is
+    /// needed without a wake-up (`None`: only on one), or `None` if the term ended.
+    async fn pass(self: &Arc<Self>) -> Option<Option<Instant>> {
+        let observed = self.observe();
+        self.c
+            .metrics
+            .stale_entries
+            .set(i64::try_from(observed.stale_entries).unwrap_or(i64::MAX));
+        let due = self.due(&observed);
+        if !due.is_empty() {
+            let confirmed = self.confirm(&due).await?;
+            if !confirmed.is_empty() {
+                self.act(&confirmed).await?;
             }
-            if self
-                .cancellable(tokio::time::sleep(self.c.cfg.resync_interval))
-                .await
-                .is_none()
-            {
-                return;
+        }
+        let grace = self.c.cfg.deletion_grace;
+        let next_suspect = lock(&self.state)
+            .suspects
+            .values()
+            .map(|s| s.due_at(grace))
+            .min();
+        Some(min_opt(next_suspect, observed.next_expiry))
+    }
+
+    /// Step 1: what the stores show. No API call.
+    fn observe(&self) -> Observed {
+        let now = Timestamp::now();
+        let expired_grace = self.c.cfg.expired_grace;
+        let svs = self.svs.state();
+        self.c.leases.read(|leases| {
+            let mut seen = Observed::default();
+            let mut judged: HashMap<&str, LeaseState> = HashMap::new();
+            for sv in &svs {
+                for e in &sv.status.known.storage_versions {
+                    let id = e.api_server_id.as_str();
+                    let record = leases.get(id);
+                    let state = judged
+                        .entry(id)
+                        .or_insert_with(|| judge_stored(record, now, expired_grace));
+                    if state.is_gone() {
+                        seen.gone.insert(id.to_string(), state.needs_deletion_grace());
+                    }
+                    if state.is_gone() || record.is_some_and(is_expired_at(now)) {
+                        seen.stale_entries += 1;
+                    }
+                    if let (Some(grace), Some(r)) = (expired_grace, record) {
+                        if !state.is_gone() {
+                            seen.next_expiry =
+                                min_opt(seen.next_expiry, expiry_instant(r, grace, now));
+                        }
+                    }
+                }
             }
+            seen
+        })
+    }
+
+    /// Step 2: update the suspects from what was observed; return the IDs due for a live GET.
+    fn due(&self, observed: &Observed) -> Vec<String> {
+        let now = Instant::now();
+        let grace = self.c.cfg.deletion_grace;
+        let mut state = lock(&self.state);
+        for (id, needs_grace) in &observed.gone {
+            let s = state
+                .suspects
+                .entry(id.clone())
+                .or_insert_with(|| Suspect::new(now));
+            s.needs_grace = *needs_grace;
+        }
+        // Looks live again (and no deletion to follow up): forget it.
+        state
+            .suspects
+            .retain(|id, s| s.follow_up || observed.gone.contains_key(id));
+        // Objects changed since we acted on them: the stored copy is newer now.
+        let current: HashMap<String, Option<String>> = self
+            .svs
+            .state()
+            .iter()
+            .map(|sv| (sv.name().to_string(), sv.metadata.resource_version.clone()))
+            .collect();
+        state
+            .acted
+            .retain(|name, rv| current.get(name).is_some_and(|c| c.as_ref() == Some(rv)));
+        state
+            .suspects
+            .iter()
+            .filter(|(_, s)| s.due_at(grace) <= now)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Step 3: one live GET per due lease. Returns the IDs still gone, with why; forgets the
+    /// ones that are back; backs off the ones whose lookup failed.
+    async fn confirm(&self, due: &[String]) -> Option<BTreeMap<String, Reason>> {
+        let concurrency = self.c.cfg.concurrency.max(1);
+        let looked: Vec<(String, LeaseLookup)> = futures::stream::iter(due.iter().cloned())
+            .map(|id| async move {
+                let lookup = self.lookup(&id).await;
+                lookup.map(|l| (id, l))
+            })
+            .buffer_unordered(concurrency)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Option<_>>()?;
+        let now = Timestamp::now();
+        let mut confirmed = BTreeMap::new();
+        for (id, lookup) in looked {
+            let state = plan::judge_lease(&lookup, now, self.c.cfg.expired_grace);
+            match (&state, state.reason()) {
+                (LeaseState::Unknown(e), _) => {
+                    tracing::warn!(apiserver = %id, error = %e, "cannot judge identity lease; entries kept");
+                    for _ in self.names_of(&id) {
+                        self.c.metrics.check("error");
+                    }
+                    self.retry_later(&id);
+                }
+                (_, Some(reason)) => {
+                    confirmed.insert(id, reason);
+                }
+                (_, None) => {
+                    // Back (or never gone): keep every entry.
+                    lock(&self.state).suspects.remove(&id);
+                }
+            }
+        }
+        Some(confirmed)
+    }
+
+    /// A live GET of lease `id` (`None` if the term ended).
+    async fn lookup(&self, id: &str) -> Option<LeaseLookup> {
+        if !could_be_lease_name(id) {
+            self.c.metrics.lease_check("absent");
+            return Some(LeaseLookup::NotFound);
+        }
+        let got = self
+            .call("GET lease", self.c.leases.api().get_opt(id))
+            .await?;
+        Some(match got {
+            Ok(Some(lease)) => {
+                self.c.metrics.lease_check("present");
+                LeaseLookup::Found(LeaseRecord::from_lease(&lease))
+            }
+            Ok(None) => {
+                self.c.metrics.lease_check("absent");
+                LeaseLookup::NotFound
+            }
+            Err(e) => {
+                self.c.metrics.lease_check("error");
+                self.c.metrics.error("get_lease");
+                LeaseLookup::Failed(format!("GET lease {IDENTITY_LEASE_NAMESPACE}/{id}: {e}"))
+            }
+        })
+    }
+
+    fn retry_later(&self, id: &str) {
+        let now = Instant::now();
+        if let Some(s) = lock(&self.state).suspects.get_mut(id) {
+            s.failures = s.failures.saturating_add(1);
+            s.retry_at = Some(now + backoff(s.failures));
         }
     }
 
-    /// One full sweep: one LIST of identity leases and one of StorageVersions; every object
-    /// with an entry whose lease is not live in that list is checked (bounded concurrency).
-    async fn sweep(self: Arc<Self>) -> Option<()> {
-        let start = std::time::Instant::now();
-        let lp =
-            ListParams::default().labels(&format!("{IDENTITY_LABEL_KEY}={IDENTITY_LABEL_VALUE}"));
-        let leases = match self.call("LIST leases", self.c.leases.list(&lp)).await? {
-            Ok(l) => l,
-            Err(e) => {
-                self.c.metrics.error("list_leases");
-                tracing::warn!(error = %e, "sweep: cannot list identity leases; next sweep will retry");
-                return Some(());
-            }
-        };
-        let svs = match self
-            .call(
-                "LIST storageversions",
-                self.c.svs.list(&ListParams::default()),
-            )
-            .await?
-        {
-            Ok(l) => l,
-            Err(e) => {
-                self.c.metrics.error("list_storage_versions");
-                tracing::warn!(error = %e, "sweep: cannot list StorageVersions; next sweep will retry");
-                return Some(());
-            }
-        };
-        let now = Timestamp::now();
-        let live: HashMap<String, LeaseRecord> = leases
-            .items
+    /// Names of the stored objects with an entry of `id`.
+    fn names_of(&self, id: &str) -> Vec<String> {
+        self.svs
+            .state()
             .iter()
-            .map(LeaseRecord::from_lease)
-            .map(|r| (r.name.clone(), r))
-            .collect();
-        let candidates: Vec<String> = svs
-            .items
-            .iter()
-            .filter(|sv| {
-                plan::entry_ids(sv)
-                    .into_iter()
-                    .any(|id| match live.get(id) {
-                        None => true,
-                        Some(r) => plan::judge_record(r, now, self.c.cfg.expired_grace).is_gone(),
-                    })
-            })
+            .filter(|sv| sv.status.known.storage_versions.iter().any(|e| e.api_server_id == id))
             .map(|sv| sv.name().to_string())
-            .collect();
-        let total = svs.items.len();
-        let n = candidates.len();
-        futures::stream::iter(candidates)
-            .for_each_concurrent(self.c.cfg.concurrency.max(1), |name| {
-                let term = Arc::clone(&self);
-                async move { term.check(name).await }
+            .collect()
+    }
+
+    /// Step 4: one write per object naming a confirmed lease (bounded concurrency). Suspects
+    /// whose objects are all done are forgotten; the others retry later.
+    async fn act(self: &Arc<Self>, confirmed: &BTreeMap<String, Reason>) -> Option<()> {
+        let targets: Vec<Arc<StoredSv>> = {
+            let state = lock(&self.state);
+            self.svs
+                .state()
+                .into_iter()
+                .filter(|sv| {
+                    let acted = state.acted.get(sv.name()).map(String::as_str);
+                    acted.is_none() || acted != sv.resource_version()
+                })
+                .filter(|sv| {
+                    sv.status
+                        .known
+                        .storage_versions
+                        .iter()
+                        .any(|e| confirmed.contains_key(&e.api_server_id))
+                })
+                .collect()
+        };
+        let now = plan::format_time(Timestamp::now());
+        let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
+            .map(|sv| {
+                let now = now.as_str();
+                async move {
+                    let outcome = self.write_one(&sv, confirmed, now).await;
+                    outcome.map(|o| (sv, o))
+                }
             })
-            .await;
-        if self.token.is_cancelled() {
-            return None;
+            .buffer_unordered(self.c.cfg.concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Option<_>>()?;
+        let mut failed: BTreeSet<&str> = BTreeSet::new();
+        for (sv, outcome) in &outcomes {
+            if matches!(outcome, Outcome::Retry) {
+                for e in &sv.status.known.storage_versions {
+                    if let Some((id, _)) = confirmed.get_key_value(&e.api_server_id) {
+                        failed.insert(id);
+                    }
+                }
+            }
         }
-        let took = start.elapsed();
-        self.c.metrics.sweep_duration.observe(took.as_secs_f64());
-        self.c.metrics.sweeps.inc();
-        tracing::info!(objects = total, checked = n, took = ?took, "GC sweep done");
+        for id in confirmed.keys() {
+            if failed.contains(id.as_str()) {
+                self.retry_later(id);
+            } else if self.c.cfg.dry_run {
+                // Reported; look again at the next sweep, not at every pass.
+                if let Some(s) = lock(&self.state).suspects.get_mut(id) {
+                    s.retry_at = Some(Instant::now() + self.c.cfg.resync_interval);
+                }
+            } else {
+                lock(&self.state).suspects.remove(id);
+            }
+        }
         Some(())
     }
 
-    fn object_lock(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = lock(&self.locks);
-        locks.retain(|_, l| Arc::strong_count(l) > 1);
-        Arc::clone(locks.entry(name.to_string()).or_default())
-    }
-
-    /// Judges each distinct apiServerID of `sv` with a live GET. `None` if the term ended.
-    async fn judge(&self, sv: &StorageVersion) -> Option<Vec<(String, LeaseState)>> {
-        let mut out = Vec::new();
-        for id in plan::entry_ids(sv) {
-            let lookup = self.lookup(id).await?;
-            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
-            out.push((id.to_string(), state));
-        }
-        Some(out)
-    }
-
-    /// Checks StorageVersion `name` and removes what may be removed (spec §5.5-5.6 plus the
-    /// grace, the re-check, the preconditions and the conflict retries of design §5).
-    async fn process(self: &Arc<Self>, name: &str) -> Outcome {
-        let Some(Ok(_permit)) = self.cancellable(self.workers.acquire()).await else {
-            return Outcome::Cancelled;
-        };
-        let _in_flight = super::metrics::InFlight::start(&self.c.metrics);
-        let object_lock = self.object_lock(name);
-        let Some(_guard) = self.cancellable(object_lock.lock()).await else {
-            return Outcome::Cancelled;
-        };
-        let mut conflicts = 0u32;
-        loop {
-            let Some(got) = self
-                .call("GET storageversion", self.c.svs.get_opt(name))
-                .await
-            else {
-                return Outcome::Cancelled;
-            };
-            let sv = match got {
-                Ok(Some(sv)) => sv,
-                Ok(None) => {
+    /// Plans and writes one object, reading it again after a conflict. `None` if the term ended.
+    async fn write_one(
+        &self,
+        stored: &StoredSv,
+        confirmed: &BTreeMap<String, Reason>,
+        now: &str,
+    ) -> Option<Outcome> {
+        let _in_flight = InFlight::start(&self.c.metrics);
+        let mut current = stored.clone();
+        for attempt in 0..=MAX_CONFLICT_RETRIES {
+            let decided = plan::plan(&current.to_model(), confirmed, now);
+            if matches!(decided, Plan::Nothing) {
+                self.c.metrics.check("unchanged");
+                self.mark_acted(stored);
+                return Some(Outcome::Done);
+            }
+            if self.c.cfg.dry_run {
+                self.dry_run(&current, &decided);
+                self.mark_acted(stored);
+                return Some(Outcome::Done);
+            }
+            match self.send(&current, &decided).await? {
+                Sent::Ok(written) => {
+                    // The store may hold `stored` until the watch delivers the change.
+                    self.mark_acted(stored);
+                    let before = current.to_model();
+                    let after = match decided {
+                        Plan::Delete { .. } => None,
+                        _ => Some(written.to_model()),
+                    };
+                    self.done(&before, after.as_ref(), decided.removed()).await;
+                    return Some(Outcome::Done);
+                }
+                Sent::Gone => {
                     self.c.metrics.check("gone");
-                    return Outcome::Done;
+                    self.mark_acted(stored);
+                    return Some(Outcome::Done);
                 }
-                Err(e) => {
-                    self.c.metrics.error("get_storage_version");
+                Sent::Failed => {
                     self.c.metrics.check("error");
-                    tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion; retrying");
-                    return Outcome::RetryIn(MIN_RETRY);
+                    return Some(Outcome::Retry);
                 }
-            };
-            let Some(states) = self.judge(&sv).await else {
-                return Outcome::Cancelled;
-            };
-            let (remove, wait_until, unknown) = self.removable(&states);
-            let now = plan::format_time(Timestamp::now());
-            let mut decided = plan::plan(&sv, &remove, &now);
-            if !matches!(decided, Plan::Nothing) {
-                // Right before the write: is each lease still gone?
-                let Some(recheck) = self.recheck(&decided).await else {
-                    return Outcome::Cancelled;
-                };
-                if recheck.len() != remove.len() {
-                    tracing::info!(
-                        storageversion = name,
-                        "a lease came back during the check; entries kept"
-                    );
-                    decided = plan::plan(&sv, &recheck, &now);
-                }
-            }
-            let later = |done: Outcome| match (wait_until, unknown) {
-                (Some(at), _) => Outcome::RetryAt(at),
-                (None, true) => Outcome::RetryIn(MIN_RETRY),
-                (None, false) => done,
-            };
-            match decided {
-                Plan::Nothing => {
-                    self.c.metrics.check(if wait_until.is_some() {
-                        "waiting"
-                    } else if unknown {
-                        "error"
-                    } else {
-                        "unchanged"
-                    });
-                    return later(Outcome::Done);
-                }
-                decided if self.c.cfg.dry_run => {
-                    let (what, result) = match &decided {
-                        Plan::Delete { .. } => ("delete", "would_delete"),
-                        _ => ("rewrite", "would_rewrite"),
-                    };
-                    self.c
-                        .metrics
-                        .dry_run_changes
-                        .get_or_create(&ResultLabels { result: what })
-                        .inc();
-                    self.c.metrics.check(result);
-                    tracing::info!(
-                        storageversion = name,
-                        action = what,
-                        removed = %describe(decided.removed()),
-                        "dry run: would {what} the StorageVersion; changing nothing"
-                    );
-                    return later(Outcome::Done);
-                }
-                Plan::Rewrite { object, removed } => {
-                    if self.token.is_cancelled() {
-                        return Outcome::Cancelled;
-                    }
-                    match self.write_status(name, *object).await {
-                        Some(Ok(written)) => {
-                            self.done(&written, &removed, false).await;
-                            return later(Outcome::Done);
-                        }
-                        Some(Err(e)) if is_status(&e, 409) => {
-                            self.c.metrics.write("update_status", "conflict");
-                        }
-                        Some(Err(e)) if is_status(&e, 404) => {
-                            self.c.metrics.write("update_status", "not_found");
+                Sent::Conflict => {
+                    tracing::debug!(storageversion = current.name(), attempt, "write conflict; reading again");
+                    self.cancellable(tokio::time::sleep(backoff(attempt + 1))).await?;
+                    match self.call("GET storageversion", self.c.svs.get_opt(current.name())).await? {
+                        Ok(Some(fresh)) => current = fresh.trim(),
+                        Ok(None) => {
                             self.c.metrics.check("gone");
-                            return Outcome::Done;
+                            return Some(Outcome::Done);
                         }
-                        Some(Err(e)) => {
-                            self.c.metrics.write("update_status", "error");
-                            self.c.metrics.error("update_status");
+                        Err(e) => {
+                            self.c.metrics.error("get_storage_version");
                             self.c.metrics.check("error");
-                            tracing::warn!(storageversion = name, error = %e, "status write failed; retrying");
-                            return Outcome::RetryIn(MIN_RETRY);
+                            tracing::warn!(storageversion = current.name(), error = %e, "cannot read StorageVersion after a conflict; retrying later");
+                            return Some(Outcome::Retry);
                         }
-                        None => return Outcome::Cancelled,
-                    }
-                }
-                Plan::Delete { removed } => {
-                    if self.token.is_cancelled() {
-                        return Outcome::Cancelled;
-                    }
-                    let dp = delete_params(&sv);
-                    match self
-                        .call("DELETE storageversion", self.c.svs.delete(name, &dp))
-                        .await
-                    {
-                        Some(Ok(_)) => {
-                            self.c.metrics.write("delete", "ok");
-                            self.c.metrics.objects_deleted.inc();
-                            self.done(&sv, &removed, true).await;
-                            return later(Outcome::Done);
-                        }
-                        Some(Err(e)) if is_status(&e, 409) => {
-                            // Changed since we read it (e.g. an apiserver re-added itself):
-                            // the precondition kept it. Read again.
-                            self.c.metrics.write("delete", "conflict");
-                        }
-                        Some(Err(e)) if is_status(&e, 404) => {
-                            self.c.metrics.write("delete", "not_found");
-                            self.c.metrics.check("gone");
-                            return Outcome::Done;
-                        }
-                        Some(Err(e)) => {
-                            self.c.metrics.write("delete", "error");
-                            self.c.metrics.error("delete");
-                            self.c.metrics.check("error");
-                            tracing::warn!(storageversion = name, error = %e, "delete failed; retrying");
-                            return Outcome::RetryIn(MIN_RETRY);
-                        }
-                        None => return Outcome::Cancelled,
-                    }
-                }
-            }
-            // A conflict: back off a little and read again.
-            conflicts += 1;
-            if conflicts > MAX_CONFLICT_RETRIES {
-                self.c.metrics.check("error");
-                tracing::warn!(
-                    storageversion = name,
-                    conflicts,
-                    "still conflicting; requeued"
-                );
-                return Outcome::RetryIn(MIN_RETRY);
-            }
-            tracing::debug!(
-                storageversion = name,
-                conflicts,
-                "write conflict; reading again"
-            );
-            if self
-                .cancellable(tokio::time::sleep(backoff(conflicts)))
-                .await
-                .is_none()
-            {
-                return Outcome::Cancelled;
-            }
-        }
-    }
-
-    /// Which gone IDs may go now; the earliest instant a waiting one may; whether any lookup
-    /// failed.
-    fn removable(
-        &self,
-        states: &[(String, LeaseState)],
-    ) -> (BTreeMap<String, Reason>, Option<Instant>, bool) {
-        let now = Instant::now();
-        let grace = self.c.cfg.deletion_grace;
-        let mut remove = BTreeMap::new();
-        let mut wait_until: Option<Instant> = None;
-        let mut unknown = false;
-        let mut absent = lock(&self.absent_since);
-        for (id, state) in states {
-            match state {
-                LeaseState::Live => {
-                    absent.remove(id);
-                }
-                LeaseState::Unknown(e) => {
-                    unknown = true;
-                    tracing::warn!(apiserver = %id, error = %e, "cannot judge identity lease; entry kept");
-                }
-                gone => {
-                    let Some(reason) = gone.reason() else {
-                        continue;
-                    };
-                    if gone.needs_deletion_grace() {
-                        let since = *absent.entry(id.clone()).or_insert(now);
-                        let until = since + grace;
-                        if now >= until {
-                            remove.insert(id.clone(), reason);
-                        } else {
-                            wait_until = Some(wait_until.map_or(until, |w| w.min(until)));
-                        }
-                    } else {
-                        remove.insert(id.clone(), reason);
                     }
                 }
             }
         }
-        (remove, wait_until, unknown)
+        self.c.metrics.check("error");
+        tracing::warn!(storageversion = stored.name(), "still conflicting; retrying later");
+        Some(Outcome::Retry)
     }
 
-    /// Live GETs, right before the write, of every lease about to be removed; returns the IDs
-    /// that are still gone.
-    async fn recheck(&self, decided: &Plan) -> Option<BTreeMap<String, Reason>> {
-        let mut still = BTreeMap::new();
-        for r in decided.removed() {
-            let lookup = self.lookup(&r.id).await?;
-            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
-            match state.reason() {
-                Some(reason) => {
-                    still.insert(r.id.clone(), reason);
-                }
-                None => {
-                    if state == LeaseState::Live {
-                        lock(&self.absent_since).remove(&r.id);
-                    }
-                }
+    fn mark_acted(&self, sv: &StoredSv) {
+        if let Some(rv) = sv.resource_version() {
+            lock(&self.state)
+                .acted
+                .insert(sv.name().to_string(), rv.to_string());
+        }
+    }
+
+    /// The one write of an object, and the one place its errors are mapped.
+    async fn send(&self, sv: &StoredSv, decided: &Plan) -> Option<Sent> {
+        if self.token.is_cancelled() {
+            return None;
+        }
+        let name = sv.name();
+        let (operation, result) = match decided {
+            Plan::Nothing => return Some(Sent::Gone),
+            Plan::Rewrite { object, .. } => {
+                let body = sv.with_status(object.status.clone());
+                let pp = PostParams::default();
+                let put = self.c.svs.replace_status(name, &pp, &body);
+                ("update_status", self.call("PUT storageversion status", put).await?)
             }
-        }
-        Some(still)
+            Plan::Delete { .. } => {
+                let dp = delete_params(&sv.to_model());
+                let delete = self.c.svs.delete(name, &dp);
+                let r = self.call("DELETE storageversion", delete).await?;
+                ("delete", r.map(|_| sv.clone()))
+            }
+        };
+        Some(match result {
+            Ok(written) => {
+                self.c.metrics.write(operation, "ok");
+                if operation == "delete" {
+                    self.c.metrics.objects_deleted.inc();
+                }
+                Sent::Ok(written)
+            }
+            // Changed since the stored copy (an apiserver re-added itself): the resourceVersion
+            // (or the delete precondition) kept it.
+            Err(e) if is_status(&e, 409) => {
+                self.c.metrics.write(operation, "conflict");
+                Sent::Conflict
+            }
+            Err(e) if is_status(&e, 404) => {
+                self.c.metrics.write(operation, "not_found");
+                Sent::Gone
+            }
+            Err(e) => {
+                self.c.metrics.write(operation, "error");
+                self.c.metrics.error(operation);
+                tracing::warn!(storageversion = name, error = %e, "{operation} failed; retrying later");
+                Sent::Failed
+            }
+        })
     }
 
-    async fn write_status(
-        &self,
-        name: &str,
-        mut object: StorageVersion,
-    ) -> Option<Result<StorageVersion, kube::Error>> {
-        object.api_version = Some(API_VERSION.to_string());
-        object.kind = Some(KIND.to_string());
-        let r = self
-            .call(
-                "PUT storageversion status",
-                self.c
-                    .svs
-                    .replace_status(name, &PostParams::default(), &object),
-            )
-            .await?;
-        if r.is_ok() {
-            self.c.metrics.write("update_status", "ok");
-        }
-        Some(r)
+    fn dry_run(&self, sv: &StoredSv, decided: &Plan) {
+        let (what, result) = match decided {
+            Plan::Delete { .. } => ("delete", "would_delete"),
+            _ => ("rewrite", "would_rewrite"),
+        };
+        self.c
+            .metrics
+            .dry_run_changes
+            .get_or_create(&ResultLabels { result: what })
+            .inc();
+        self.c.metrics.check(result);
+        tracing::info!(
+            storageversion = sv.name(),
+            action = what,
+            removed = %describe(decided.removed()),
+            "dry run: would {what} the StorageVersion; changing nothing"
+        );
     }
 
-    /// After a successful write: metrics, log, Event.
-    async fn done(&self, sv: &StorageVersion, removed: &[Removal], deleted: bool) {
+    /// After a successful write of `before` (into `after`, or deleted when `None`): metrics,
+    /// log, Event.
+    async fn done(&self, before: &StorageVersion, after: Option<&StorageVersion>, removed: &[Removal]) {
         for r in removed {
-            let n = sv
+            let n = before
                 .status
                 .storage_versions
                 .iter()
@@ -842,7 +745,8 @@ impl Term {
                 .inc_by(n as u64);
         }
         let what = describe(removed);
-        let (reason, note) = if deleted {
+        let sv = after.unwrap_or(before);
+        let (reason, note) = if after.is_none() {
             self.c.metrics.check("deleted");
             tracing::info!(storageversion = sv.name(), removed = %what, "deleted StorageVersion: no entry left");
             (
@@ -890,9 +794,47 @@ impl Term {
     }
 }
 
+/// Judges a lease as the store shows it (`None`: not in the store, i.e. missing).
+fn judge_stored(
+    record: Option<&LeaseRecord>,
+    now: Timestamp,
+    expired_grace: Option<Duration>,
+) -> LeaseState {
+    match record {
+        None => LeaseState::Missing,
+        Some(r) => plan::judge_record(r, now, expired_grace),
+    }
+}
+
+fn is_expired_at(now: Timestamp) -> impl Fn(&LeaseRecord) -> bool {
+    move |r| r.expiry().is_none_or(|e| e <= now)
+}
+
+/// When the labelled lease `r` will count as expired beyond `grace`, on the monotonic clock
+/// (None if it already does or never will).
+fn expiry_instant(r: &LeaseRecord, grace: Duration, now: Timestamp) -> Option<Instant> {
+    let at = r
+        .expiry()?
+        .checked_add(k8s_openapi::jiff::SignedDuration::try_from(grace).ok()?)
+        .ok()?;
+    let ahead = Duration::try_from(at.duration_since(now)).ok()?;
+    Some(Instant::now() + ahead + Duration::from_millis(50))
+}
+
+fn min_opt(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
 /// Delete options for an object as it was read: resourceVersion and uid preconditions, so a
 /// StorageVersion that changed since (an apiserver re-added itself) or was re-created is kept
-/// (the API server answers 409 Conflict). Upstream deletes unconditionally (spec §7 (b)).
+/// (the API server answers 409 Conflict). Upstream deletes unconditionally.
 pub fn delete_params(read: &StorageVersion) -> DeleteParams {
     DeleteParams {
         preconditions: Some(Preconditions {
@@ -942,16 +884,21 @@ mod tests {
     }
 
     #[test]
-    fn lease_names() {
-        assert!(could_be_lease_name("apiserver-abc"));
-        assert!(!could_be_lease_name(""));
-        assert!(!could_be_lease_name("Bad/Name"));
-    }
-
-    #[test]
     fn notes_are_bounded() {
         let s = truncate("é".repeat(600), 1000);
         assert!(s.len() <= 1000 && s.ends_with("..."));
         assert_eq!(truncate("short".into(), 1000), "short");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_suspect_waits_for_the_grace_and_its_retries() {
+        let grace = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let mut s = Suspect::new(t0);
+        assert_eq!(s.due_at(grace), t0 + grace);
+        s.needs_grace = false;
+        assert_eq!(s.due_at(grace), t0);
+        s.retry_at = Some(t0 + Duration::from_secs(5));
+        assert_eq!(s.due_at(grace), t0 + Duration::from_secs(5));
     }
 }

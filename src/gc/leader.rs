@@ -174,8 +174,27 @@ impl Election {
                     continue;
                 }
             };
+            // The manager's `changed()` renews the Lease and must never be cancelled half-way
+            // (a renewal whose reply is dropped leaves the manager believing its claim is old,
+            // so it renews again at once: a tight renewal loop). It runs in its own task; the
+            // election only reads what it reports.
+            let manager = std::sync::Arc::new(manager);
+            let (changes_tx, mut changes) = tokio::sync::mpsc::channel(1);
+            let driver = AbortOnDrop(tokio::spawn({
+                let manager = std::sync::Arc::clone(&manager);
+                async move {
+                    loop {
+                        let changed = manager.changed().await;
+                        let failed = changed.is_err();
+                        if changes_tx.send(changed).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                }
+            }));
             let mut term: Option<Term> = None;
-            let exit = self.elect(&manager, &mut term, &mut obs, &lead).await;
+            let exit = self.elect(&mut changes, &mut term, &mut obs, &lead).await;
+            drop(driver);
             let was_leading = term.is_some();
             if let Some(t) = term.take() {
                 let why = if matches!(exit, Exit::Shutdown) {
@@ -230,7 +249,7 @@ impl Election {
     /// Follows one manager until it must be rebuilt or we shut down.
     async fn elect<F, Fut>(
         &self,
-        manager: &LeaseManager,
+        changes: &mut tokio::sync::mpsc::Receiver<kube_lease_manager::Result<bool>>,
         term: &mut Option<Term>,
         obs: &mut watch::Receiver<Observed>,
         lead: &F,
@@ -264,20 +283,21 @@ impl Election {
                         }
                     }
                 }
-                changed = manager.changed() => match changed {
-                    Ok(true) => {
+                changed = changes.recv() => match changed {
+                    None => return Exit::Retry,
+                    Some(Ok(true)) => {
                         if term.is_none() {
                             // The manager just wrote renewTime = now.
                             let deadline = Instant::now() + self.cfg.duration - margin;
                             *term = Some(self.start(deadline, lead));
                         }
                     }
-                    Ok(false) => {
+                    Some(Ok(false)) => {
                         if let Some(t) = term.take() {
                             self.stop(t, "lost").await;
                         }
                     }
-                    Err(e) => {
+                    Some(Err(e)) => {
                         self.metrics.error("leader_lease");
                         tracing::warn!(error = %e, "GC leader Lease error; standing down and retrying");
                         return Exit::Retry;
@@ -396,7 +416,7 @@ impl Election {
 
     /// Releases the Lease so another replica takes over without waiting for expiry. Runs in its
     /// own task, bounded in time.
-    async fn release(&self, manager: LeaseManager, was_leading: bool) {
+    async fn release(&self, manager: std::sync::Arc<LeaseManager>, was_leading: bool) {
         if !was_leading {
             return;
         }

@@ -46,6 +46,9 @@ pub struct GcMetrics {
     pub lease_checks: Family<ResultLabels, Counter>,
     pub dry_run_changes: Family<ResultLabels, Counter>,
     pub lease_events: Family<EventLabels, Counter>,
+    /// Entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as
+    /// the leader sees them in its stores (0 on a replica that does not lead).
+    pub stale_entries: Gauge,
     /// StorageVersions being checked or written right now.
     pub in_flight: Gauge,
     /// The most StorageVersions ever checked or written at once (bounded by `--gc-concurrency`).
@@ -78,10 +81,16 @@ impl GcMetrics {
             lease_checks: Family::default(),
             dry_run_changes: Family::default(),
             lease_events: Family::default(),
+            stale_entries: Gauge::default(),
             in_flight: Gauge::default(),
             in_flight_peak: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("storageversion_webhook_gc");
+        r.register(
+            "stale_entries",
+            "StorageVersion entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as the leader's stores show them now (before any grace; 0 on replicas that do not lead)",
+            m.stale_entries.clone(),
+        );
         r.register(
             "in_flight",
             "StorageVersions being checked or written right now",

@@ -1,16 +1,19 @@
-//! The StorageVersion garbage collector (design §5): upstream's `storage-version-gc` behaviour
-//! (spec §5) plus a deletion grace with a re-check before every write, no removal on transient
+//! The StorageVersion garbage collector (see `docs/gc.md`): upstream's `storage-version-gc`
+//! behaviour plus a deletion grace with a re-check before every write, no removal on transient
 //! errors, delete preconditions, sweeps, bounded concurrency, optional expired-lease grace,
 //! dry-run, Events and metrics. Only the replica holding the leader Lease collects.
 //!
 //! - [`args`]: flags ([`GcArgs`]), flattened into `serve`.
 //! - [`plan`]: pure decisions (lease judgement, what to remove, the rewritten status).
-//! - [`collector`]: the work of one leadership term (watches, queue, sweeps, writes).
+//! - [`stored`]: what the collector keeps of a StorageVersion (trimmed; unknown status fields
+//!   kept for the write).
+//! - [`collector`]: the work of one leadership term (stores, passes, one write per object).
 //! - [`leader`]: leader election with `kube-lease-manager`, fenced and released on shutdown.
 //!
 //! Wiring into `serve`:
 //! ```text
-//! let gc = gc::spawn(client.clone(), args.gc.clone(), &mut registry)?;
+//! let leases = leases::LeaseStore::spawn(client.clone()); // shared with admission
+//! let gc = gc::spawn_sharing(client.clone(), args.gc.clone(), &mut registry, leases)?;
 //! // ... serve admission until SIGTERM, drain ...
 //! gc.shutdown().await; // stops collecting and releases the leader Lease
 //! ```
@@ -20,6 +23,7 @@ pub mod collector;
 pub mod leader;
 pub mod metrics;
 pub mod plan;
+pub mod stored;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +36,10 @@ pub use args::GcArgs;
 pub use collector::{Collector, CollectorConfig};
 pub use leader::LeaderConfig;
 pub use metrics::GcMetrics;
+
+/// kube-apiserver renews (and re-creates) its identity lease every 10 s: a shorter deletion
+/// grace is accepted (tests use one) but warned about.
+pub const MIN_SAFE_DELETION_GRACE: Duration = Duration::from_secs(10);
 
 /// How long [`GcHandle::shutdown`] waits for the collector to stop and the Lease to be released.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
@@ -48,17 +56,47 @@ pub struct GcHandle {
 /// Starts the garbage collector in the background (if `args` enable it) and registers its
 /// metrics in `registry` (also when disabled, so dashboards see `leader 0`). Must be called
 /// inside a Tokio runtime. Fails only on invalid flag combinations.
+/// The collector watches identity leases itself; `serve` uses [`spawn_sharing`] to share the
+/// lease view's watch instead.
 pub fn spawn(
     client: kube::Client,
     args: GcArgs,
     registry: &mut Registry,
 ) -> anyhow::Result<GcHandle> {
+    let leases = args
+        .enabled()
+        .then(|| crate::leases::LeaseStore::spawn(client.clone()));
+    spawn_inner(client, args, registry, leases)
+}
+
+/// Like [`spawn`], judging leases from `leases` (the process's one identity-lease watch).
+pub fn spawn_sharing(
+    client: kube::Client,
+    args: GcArgs,
+    registry: &mut Registry,
+    leases: crate::leases::LeaseStore,
+) -> anyhow::Result<GcHandle> {
+    spawn_inner(client, args, registry, Some(leases))
+}
+
+fn spawn_inner(
+    client: kube::Client,
+    args: GcArgs,
+    registry: &mut Registry,
+    leases: Option<crate::leases::LeaseStore>,
+) -> anyhow::Result<GcHandle> {
     let metrics = GcMetrics::register(registry);
-    if !args.enabled() {
+    let Some(leases) = leases.filter(|_| args.enabled()) else {
         tracing::info!("garbage collector disabled (--no-gc)");
         return Ok(GcHandle::disabled());
-    }
+    };
     args.validate().map_err(|e| anyhow::anyhow!(e))?;
+    if args.gc_lease_deletion_grace < MIN_SAFE_DELETION_GRACE {
+        tracing::warn!(
+            deletion_grace = ?args.gc_lease_deletion_grace,
+            "--gc-lease-deletion-grace is shorter than kube-apiserver's 10s lease renew interval: an apiserver that re-creates its lease (it does around every restart) may lose its entries meanwhile"
+        );
+    }
     let identity = args.identity();
     let leader = LeaderConfig {
         lease_name: args.gc_leader_lease_name.clone(),
@@ -86,6 +124,7 @@ pub fn spawn(
     );
     let collector = Arc::new(Collector::new(
         client.clone(),
+        leases,
         cfg,
         metrics.clone(),
         &identity,
@@ -134,7 +173,8 @@ impl GcHandle {
         self.identity.as_deref()
     }
 
-    /// A receiver that follows [`GcHandle::is_leading`].
+    /// A receiver that follows [`GcHandle::is_leading`]: the stable leadership signal for work
+    /// that must run on one replica only (e.g. a storage migration started on the leader).
     pub fn leading(&self) -> watch::Receiver<bool> {
         self.leading.clone()
     }

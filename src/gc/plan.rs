@@ -146,11 +146,7 @@ impl Plan {
 /// When an identity lease expires: `renewTime + leaseDurationSeconds`, or `None` when either is
 /// missing (then it counts as expired, spec §4.4).
 pub fn expiry(record: &LeaseRecord) -> Option<Timestamp> {
-    let renew = record.renew_time?;
-    let duration = record.lease_duration_seconds?;
-    renew
-        .checked_add(SignedDuration::from_secs(i64::from(duration)))
-        .ok()
+    record.expiry()
 }
 
 /// Judges one lookup. `expired_grace` is `--gc-expired-lease-grace` (None: expiry is ignored,
@@ -174,7 +170,7 @@ pub fn judge_record(
     now: Timestamp,
     expired_grace: Option<Duration>,
 ) -> LeaseState {
-    if record.identity_label.as_deref() != Some(IDENTITY_LABEL_VALUE) {
+    if !record.is_apiserver() {
         return LeaseState::NotApiserver {
             label: record.identity_label.clone(),
         };
@@ -199,12 +195,6 @@ pub fn judge_record(
             }
         }
     }
-}
-
-/// When a labelled lease will count as expired beyond `grace` (for scheduling a re-check).
-pub fn gone_at(record: &LeaseRecord, grace: Duration) -> Option<Timestamp> {
-    let grace = SignedDuration::try_from(grace).ok()?;
-    expiry(record)?.checked_add(grace).ok()
 }
 
 /// The distinct apiServerIDs of `sv`'s entries, in order.

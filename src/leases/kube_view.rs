@@ -7,114 +7,59 @@
 //! - Readiness waits for the first full list; if the watch has been broken for longer than
 //!   `max_staleness`, the view reports not ready and the staleness metric says how long.
 
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
 
-use super::{LeaseSet, LeaseView};
+use super::{could_be_lease_name, LeaseStore, LeaseView};
 use crate::metrics::{Metrics, ResultLabels};
-use crate::model::{
-    LeaseLookup, LeaseRecord, IDENTITY_LABEL_KEY, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
-};
+use crate::model::{LeaseLookup, LeaseRecord, IDENTITY_LEASE_NAMESPACE};
 
 /// How long a live lookup may take before it counts as failed (and so never denies).
 pub const LIVE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct KubeLeaseView {
-    api: Api<Lease>,
-    state: RwLock<State>,
+    store: LeaseStore,
     metrics: Metrics,
     max_staleness: Duration,
 }
 
-#[derive(Default)]
-struct State {
-    leases: LeaseSet,
-    /// Since when the watch has been failing, if it is.
-    broken_since: Option<Instant>,
-}
-
 impl KubeLeaseView {
-    /// Starts watching identity leases in the background and returns the view.
-    pub fn spawn(client: kube::Client, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
+    /// A view on `store` (the process's one identity-lease watch); keeps the lease-view gauges
+    /// current in the background.
+    pub fn spawn(store: LeaseStore, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
         let view = Arc::new(KubeLeaseView {
-            api: Api::namespaced(client, IDENTITY_LEASE_NAMESPACE),
-            state: RwLock::new(State::default()),
+            store,
             metrics,
             max_staleness,
         });
-        tokio::spawn(watch(Arc::clone(&view)));
         tokio::spawn(report_staleness(Arc::downgrade(&view)));
         view
     }
 
     /// True once the first full list has been seen and the watch is not broken for longer than
-    /// the staleness bound.
+    /// the staleness bound (a re-list that keeps failing counts as broken).
     pub fn is_ready(&self) -> bool {
-        let state = self.read_state();
-        state.leases.is_synced() && staleness(&state) <= self.max_staleness
+        self.store.is_synced() && self.store.staleness() <= self.max_staleness
     }
 
     /// Number of identity leases in the cache.
     pub fn len(&self) -> usize {
-        self.read_state().leases.len()
+        self.store.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    fn read_state(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        // A panic while holding the lock cannot leave the map half-written in a way that matters
-        // here; keep serving from it.
-        self.state.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn apply(&self, event: watcher::Event<Lease>) {
-        let mut state = self.write_state();
-        state.broken_since = None;
-        let was_synced = state.leases.is_synced();
-        state.leases.apply(event);
-        if !was_synced && state.leases.is_synced() {
-            tracing::info!(leases = state.leases.len(), "lease view synced");
-        }
-        self.metrics
-            .lease_view_leases
-            .set(state.leases.len() as i64);
-        self.metrics
-            .lease_view_synced
-            .set(i64::from(state.leases.is_synced()));
-    }
-
-    fn watch_failed(&self, error: &watcher::Error) {
-        let mut state = self.write_state();
-        if state.broken_since.is_none() {
-            state.broken_since = Some(Instant::now());
-        }
-        tracing::warn!(%error, "identity lease watch failed; retrying with backoff");
-    }
-
     /// The cached lease `id`, once the view has synced. No API call.
     pub fn cached(&self, id: &str) -> Option<LeaseRecord> {
-        let state = self.read_state();
-        if !state.leases.is_synced() {
-            return None;
-        }
-        state.leases.get(id).cloned()
+        self.store.get(id)
     }
 
     async fn live(&self, id: &str) -> LeaseLookup {
-        let result = tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, self.api.get_opt(id)).await;
+        let result = tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, self.store.api().get_opt(id)).await;
         let (lookup, label) = match result {
             Ok(Ok(Some(lease))) => (LeaseLookup::Found(LeaseRecord::from_lease(&lease)), "live_found"),
             Ok(Ok(None)) => (LeaseLookup::NotFound, "live_not_found"),
@@ -163,40 +108,10 @@ impl LeaseView for KubeLeaseView {
 
 /// A cached lease that needs no confirmation: labelled and not past its duration.
 fn looks_live(record: &LeaseRecord) -> bool {
-    let (Some(renew), Some(duration)) = (record.renew_time, record.lease_duration_seconds) else {
-        return false;
-    };
-    record.identity_label.as_deref() == Some(IDENTITY_LABEL_VALUE)
-        && renew
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(
-                duration,
-            )))
-            .is_ok_and(|expiry| expiry > Timestamp::now())
-}
-
-/// Lease names are DNS-1123 subdomains: anything else cannot exist.
-fn could_be_lease_name(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 253
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-}
-
-fn staleness(state: &State) -> Duration {
-    state.broken_since.map(|t| t.elapsed()).unwrap_or_default()
-}
-
-async fn watch(view: Arc<KubeLeaseView>) {
-    let config =
-        watcher::Config::default().labels(&format!("{IDENTITY_LABEL_KEY}={IDENTITY_LABEL_VALUE}"));
-    let mut events = std::pin::pin!(watcher(view.api.clone(), config).default_backoff());
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(event) => view.apply(event),
-            Err(error) => view.watch_failed(&error),
-        }
-    }
+    record.is_apiserver()
+        && record
+            .expiry()
+            .is_some_and(|expiry| expiry > k8s_openapi::jiff::Timestamp::now())
 }
 
 /// Keeps the staleness gauge current, also when no event arrives, and says once when the watch
@@ -207,7 +122,13 @@ async fn report_staleness(view: std::sync::Weak<KubeLeaseView>) {
     loop {
         tick.tick().await;
         let Some(view) = view.upgrade() else { return };
-        let stale = staleness(&view.read_state());
+        let stale = view.store.staleness();
+        view.metrics
+            .lease_view_leases
+            .set(i64::try_from(view.store.len()).unwrap_or(i64::MAX));
+        view.metrics
+            .lease_view_synced
+            .set(i64::from(view.store.is_synced()));
         view.metrics
             .lease_view_staleness_seconds
             .set(stale.as_secs_f64());
@@ -215,7 +136,7 @@ async fn report_staleness(view: std::sync::Weak<KubeLeaseView>) {
         if is_stale && !was_stale {
             tracing::error!(
                 stale_seconds = stale.as_secs(),
-                "identity lease watch broken for longer than --lease-view-max-staleness; /readyz fails until it recovers"
+                "identity lease watch broken (or re-listing without success) for longer than --lease-view-max-staleness; /readyz fails until it recovers"
             );
         } else if !is_stale && was_stale {
             tracing::info!("identity lease watch recovered");

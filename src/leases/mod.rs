@@ -1,7 +1,8 @@
 //! The lease view (design §4): what the live-lease rule knows about identity Leases.
 //!
 //! [`LeaseView`] is the small seam between admission and the cluster. The cluster-backed view is
-//! [`kube_view::KubeLeaseView`]; [`StaticLeases`] is an in-memory store for unit tests and `check`.
+//! [`kube_view::KubeLeaseView`], reading the process's one identity-lease watch
+//! ([`store::LeaseStore`], shared with the garbage collector); [`StaticLeases`] is an in-memory store for unit tests and `check`.
 
 use std::collections::BTreeMap;
 
@@ -45,7 +46,19 @@ impl LeaseView for StaticLeases {
 }
 
 pub mod coalesce;
+
+/// Lease names are DNS-1123 subdomains: anything else cannot exist (and is never put in a URL).
+pub fn could_be_lease_name(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 253
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
 mod kube_view;
 mod set;
+pub mod store;
 pub use kube_view::KubeLeaseView;
 pub use set::{LeaseChange, LeaseSet};
+pub use store::{LeaseStore, StoreEvent};

@@ -68,13 +68,15 @@ fn judge_record(id: &str, record: &LeaseRecord, opts: &RuleOptions) -> LeaseJudg
     let Some(duration) = record.lease_duration_seconds else {
         return expired("has no spec.leaseDurationSeconds and counts as expired".to_string());
     };
-    let expiry_ns = renew.as_nanosecond() + i128::from(duration) * 1_000_000_000;
-    let skew_ns = i128::try_from(opts.lease_skew_allowance.as_nanos()).unwrap_or(i128::MAX);
-    if expiry_ns.saturating_add(skew_ns) > opts.now.as_nanosecond() {
+    let Some(expiry) = record.expiry() else {
+        // Both fields are present, so this cannot happen; judge on evidence only.
+        return LeaseJudgement::Live;
+    };
+    let skew = k8s_openapi::jiff::SignedDuration::try_from(opts.lease_skew_allowance)
+        .unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+    if expiry.checked_add(skew).map_or(true, |limit| limit > opts.now) {
         return LeaseJudgement::Live;
     }
-    let expiry = k8s_openapi::jiff::Timestamp::from_nanosecond(expiry_ns)
-        .map_or_else(|_| "an out-of-range time".to_string(), |t| t.to_string());
     expired(format!(
         "expired at {expiry} (renewTime {renew} + leaseDurationSeconds {duration}; now is {}, allowing {:?} of clock skew)",
         opts.now, opts.lease_skew_allowance,

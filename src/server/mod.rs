@@ -284,14 +284,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
+    let leases = crate::leases::LeaseStore::spawn(client.clone());
     let view = KubeLeaseView::spawn(
-        client.clone(),
+        leases.clone(),
         metrics.clone(),
         args.lease_view_max_staleness,
     );
     let ready = Arc::clone(&view);
     let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());
-    let gc = crate::gc::spawn(client, args.gc.clone(), &mut registry)?;
+    let gc = crate::gc::spawn_sharing(client, args.gc.clone(), &mut registry, leases)?;
     let server = Server::bind(
         ServerConfig::from(&args),
         Deps {

@@ -1,72 +1,16 @@
-//! `audit`: read-only, against a live cluster. One LIST of StorageVersions and one of the Leases
-//! in `kube-system`; for every entry whose lease is missing, unlabelled or expired, and every
-//! object that breaks a rule, it says so and what the garbage collector would do. The decisions
-//! come from the same pure functions as the collector ([`crate::gc::plan`]) and the webhook
-//! ([`crate::rules`]).
-//!
-//! Exit status: 0 clean, 1 something is reported (a stale entry, a rule violation, or a change
-//! GC would make), 2 on error (nothing judged).
+//! The pure part of `audit`: judges StorageVersions against the Leases of `kube-system` with the
+//! same functions as the collector ([`crate::gc::plan`]) and the webhook ([`crate::rules`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
 use serde::Serialize;
 
-use crate::gc::args::parse_duration;
 use crate::gc::plan::{self, Plan, Removal};
-use crate::model::{
-    LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LABEL_VALUE, IDENTITY_LEASE_NAMESPACE,
-};
+use crate::model::{LeaseLookup, LeaseRecord, StorageVersion};
 use crate::rules::lease::LeaseJudgement;
 use crate::rules::{self, RuleOptions};
-
-const EXIT_FINDINGS: u8 = 1;
-const EXIT_ERROR: u8 = 2;
-
-#[derive(Clone, Debug, clap::Args)]
-#[command(after_help = "\
-Read-only: makes one LIST of StorageVersions and one of Leases in kube-system, and writes nothing.
-
-Exit status: 0 when nothing is reported, 1 when an entry's lease is missing, unlabelled or \
-expired, an object breaks a rule, or the garbage collector would change something, 2 on error.")]
-pub struct AuditArgs {
-    /// kubeconfig file; without it, $KUBECONFIG, ~/.kube/config or the in-cluster configuration.
-    #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Report format.
-    #[arg(long, value_enum, default_value_t = AuditOutput::Text)]
-    pub output: AuditOutput,
-    /// The time leases are judged against (RFC 3339) [default: the current time].
-    #[arg(long, value_name = "RFC3339", value_parser = parse_now)]
-    pub now: Option<Timestamp>,
-    /// How long after renewTime + leaseDurationSeconds a lease still counts as live when
-    /// reporting expiry (as the webhook judges it).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
-    pub lease_skew_allowance: Duration,
-    /// Say what a collector run with this `--gc-expired-lease-grace` would do (without it, the
-    /// collector, like upstream, keeps entries of expired leases).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub gc_expired_lease_grace: Option<Duration>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum AuditOutput {
-    /// For people.
-    Text,
-    /// One JSON document, for programs.
-    Json,
-}
-
-fn parse_now(s: &str) -> Result<Timestamp, String> {
-    s.parse::<Timestamp>()
-        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-01-02T03:04:05Z: {e}"))
-}
 
 /// What `audit` found.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -145,7 +89,7 @@ pub fn build_report(
         storage_versions: svs.len(),
         identity_leases: leases
             .iter()
-            .filter(|l| l.identity_label.as_deref() == Some(IDENTITY_LABEL_VALUE))
+            .filter(|l| l.is_apiserver())
             .count(),
         ..AuditReport::default()
     };
@@ -212,144 +156,10 @@ pub fn build_report(
     report
 }
 
-/// Lists StorageVersions and the Leases in kube-system, then judges them.
-pub async fn audit(client: kube::Client, opts: &AuditOptions) -> anyhow::Result<AuditReport> {
-    let svs: Api<StorageVersion> = Api::all(client.clone());
-    let leases: Api<Lease> = Api::namespaced(client, IDENTITY_LEASE_NAMESPACE);
-    let svs = svs
-        .list(&ListParams::default())
-        .await
-        .context("cannot list storageversions.internal.apiserver.k8s.io (is the internal.apiserver.k8s.io/v1alpha1 API enabled, and may we list it?)")?;
-    let leases = leases
-        .list(&ListParams::default())
-        .await
-        .with_context(|| format!("cannot list leases in {IDENTITY_LEASE_NAMESPACE}"))?;
-    let records: Vec<LeaseRecord> = leases.items.iter().map(LeaseRecord::from_lease).collect();
-    Ok(build_report(&svs.items, &records, opts))
-}
-
-/// Renders the report for people.
-pub fn render_text(r: &AuditReport) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} StorageVersions, {} identity leases in {IDENTITY_LEASE_NAMESPACE}, judged at {}",
-        r.storage_versions, r.identity_leases, r.now
-    );
-    if r.clean {
-        let _ = writeln!(
-            out,
-            "clean: every entry names a live apiserver, no rule is broken, GC would change nothing"
-        );
-        return out;
-    }
-    if !r.stale_entries.is_empty() {
-        let _ = writeln!(out, "\nstale entries ({}):", r.stale_entries.len());
-        for e in &r.stale_entries {
-            let gc = if e.gc_removes {
-                "GC removes it"
-            } else {
-                "GC keeps it (expired leases count as gone only with --gc-expired-lease-grace)"
-            };
-            let _ = writeln!(
-                out,
-                "  {} {}: {} [{}]; {gc}",
-                e.storage_version, e.api_server_id, e.message, e.problem
-            );
-        }
-    }
-    if !r.violations.is_empty() {
-        let _ = writeln!(out, "\nrule violations ({}):", r.violations.len());
-        for v in &r.violations {
-            let _ = writeln!(out, "  {}: {} [{}]", v.storage_version, v.message, v.code);
-        }
-    }
-    if !r.gc_actions.is_empty() {
-        let _ = writeln!(out, "\nGC would ({} objects):", r.gc_actions.len());
-        for a in &r.gc_actions {
-            let removed = crate::gc::collector::describe(&a.removed);
-            match (&a.action, &a.common_encoding_version_after) {
-                (&"delete", _) => {
-                    let _ = writeln!(
-                        out,
-                        "  delete {} (no entry left after removing {removed})",
-                        a.storage_version
-                    );
-                }
-                (_, common) => {
-                    let common = common
-                        .as_ref()
-                        .and_then(|c| c.as_deref())
-                        .unwrap_or("unset");
-                    let _ = writeln!(
-                        out,
-                        "  rewrite {}: remove {removed}; commonEncodingVersion becomes {common}",
-                        a.storage_version
-                    );
-                }
-            }
-        }
-    }
-    let _ = writeln!(
-        out,
-        "\n{} stale entries, {} rule violations, {} objects GC would change",
-        r.stale_entries.len(),
-        r.violations.len(),
-        r.gc_actions.len()
-    );
-    out
-}
-
-/// `storageversion-webhook audit`.
-pub fn run(args: AuditArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    let opts = AuditOptions {
-        now: args.now.unwrap_or_else(Timestamp::now),
-        lease_skew_allowance: args.lease_skew_allowance,
-        gc_expired_lease_grace: args.gc_expired_lease_grace,
-    };
-    let result = runtime.block_on(async {
-        let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-        audit(client, &opts).await
-    });
-    let report = match result {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: audit failed: {e:#}");
-            return ExitCode::from(EXIT_ERROR);
-        }
-    };
-    let text = match args.output {
-        AuditOutput::Text => render_text(&report),
-        AuditOutput::Json => match serde_json::to_string_pretty(&report) {
-            Ok(j) => j + "\n",
-            Err(e) => {
-                eprintln!("error: cannot encode the report as JSON: {e}");
-                return ExitCode::from(EXIT_ERROR);
-            }
-        },
-    };
-    print!("{text}");
-    if report.clean {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_FINDINGS)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit::render::render_text;
     use crate::model::ServerStorageVersion;
 
     fn sv(name: &str, ids: &[&str]) -> StorageVersion {
