@@ -14,5 +14,6 @@ pub mod logging;
 pub mod metrics;
 pub mod migrate;
 pub mod model;
+pub mod plugin;
 pub mod rules;
 pub mod server;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use storageversion_webhook::{audit, catalog, check, logging, server};
+use storageversion_webhook::{audit, catalog, check, logging, plugin, server};
 
 /// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
 #[derive(Parser, Debug)]
@@ -27,7 +27,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // As `kubectl-storageversions` it is the kubectl plugin (src/plugin.rs).
+    let cli: Cli = plugin::parse();
     // Every subcommand takes the --log-* flags; held until `main` returns, so that queued log
     // lines are written out.
     let _log = match logging::init(&cli.log) {

@@ -8,6 +8,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::tls::CertStore;
@@ -95,17 +97,33 @@ impl Health {
 struct AdminState {
     health: Arc<Health>,
     registry: Arc<Registry>,
+    /// `storageversion_webhook_ready`: what `/readyz` would answer, computed at each scrape (for
+    /// the not-ready and unavailable alerts).
+    ready_registry: Registry,
+    ready: Gauge,
 }
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The admin router.
 pub fn router(health: Arc<Health>, registry: Arc<Registry>) -> Router {
+    let ready = Gauge::default();
+    let mut ready_registry = Registry::default();
+    ready_registry.register(
+        "storageversion_webhook_ready",
+        "1 when /readyz would answer ok (certificate loaded, lease view fresh, not shutting down)",
+        ready.clone(),
+    );
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(Arc::new(AdminState { health, registry }))
+        .with_state(Arc::new(AdminState {
+            health,
+            registry,
+            ready_registry,
+            ready,
+        }))
 }
 
 async fn livez() -> &'static str {
@@ -124,6 +142,11 @@ async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
-    let text = crate::metrics::encode(&state.registry);
+    state.ready.set(i64::from(state.health.check().is_ok()));
+    let mut text = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode_registry(&mut text, &state.registry);
+    let _ = encode_registry(&mut text, &state.ready_registry);
+    let _ = encode_eof(&mut text);
     ([(header::CONTENT_TYPE, OPENMETRICS)], text).into_response()
 }

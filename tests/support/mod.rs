@@ -488,3 +488,4 @@ pub mod gc;
 pub mod ha;
 pub mod migrate;
 pub mod node;
+pub mod ops;
