@@ -300,11 +300,7 @@ async fn lease_created_just_before_the_write_is_honoured() {
     // selects on it) is still found, by a live GET, and judged for what it is.
     let mut registry = prometheus_client::registry::Registry::default();
     let view_metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
-    let view = KubeLeaseView::spawn(
-        cp.client.clone(),
-        view_metrics,
-        Duration::from_secs(60),
-    );
+    let view = KubeLeaseView::spawn(cp.client.clone(), view_metrics, Duration::from_secs(60));
     poll_until(Duration::from_secs(30), "lease view to sync", || async {
         view.is_ready()
     })
@@ -535,11 +531,7 @@ async fn lease_view_follows_the_cluster() {
     let cp = ControlPlane::up().await;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
-    let view = KubeLeaseView::spawn(
-        cp.client.clone(),
-        metrics,
-        Duration::from_secs(60),
-    );
+    let view = KubeLeaseView::spawn(cp.client.clone(), metrics, Duration::from_secs(60));
     poll_until(Duration::from_secs(30), "lease view to sync", || async {
         view.is_ready()
     })
