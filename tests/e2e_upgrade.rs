@@ -490,9 +490,11 @@ async fn leaving_and_crashing_apiservers() {
     assert!(with_1.len() > 30, "apiserver 1 wrote only {}", with_1.len());
 
     // Apiserver 2 leaves gracefully (its lease is deleted), apiserver 1 crashes (its lease stays).
+    // The grace runs from the lease deletion, which happens at or after the stop begins (a
+    // graceful stop deletes the lease first, then takes a moment to exit): measure from there.
+    let stopped_at = rec.now();
     let (a, b) = tokio::join!(ha.stop(&rec, 2, false), ha.stop(&rec, 1, true));
     let _ = (a, b);
-    let stopped_at = rec.now();
     let gone = rec
         .wait_for(
             "apiserver 2's entries to go",

@@ -83,6 +83,36 @@ async fn kubectl_runs_the_plugin_on_its_current_context() {
         text(&out)
     );
 
+    // rules: the rule catalogue, text and JSON, exactly as the binary renders it itself.
+    assert!(help.contains("rules"), "{help}");
+    for (flag, format) in [
+        ("text", storageversion_webhook::catalog::RulesOutput::Text),
+        ("json", storageversion_webhook::catalog::RulesOutput::Json),
+    ] {
+        let out = run(
+            k().args(["storageversions", "rules", "--output", flag]),
+            None,
+        );
+        assert_eq!(code(&out), Some(0), "{}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            storageversion_webhook::catalog::render(format),
+            "kubectl storageversions rules --output {flag}"
+        );
+    }
+    let out = run(
+        k().args(["storageversions", "rules", "--output", "json"]),
+        None,
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    assert!(
+        listed
+            .as_array()
+            .is_some_and(|rules| rules.iter().any(|r| r["code"] == "lease-missing")),
+        "{}",
+        text(&out)
+    );
+
     // check: offline files.
     let out = run(
         k().args([

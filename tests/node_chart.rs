@@ -105,8 +105,8 @@ fn chart_args(ns: &str, extra: &[&str]) -> Vec<String> {
         format!("image.tag={}", img.tag),
         "image.pullPolicy=Never".into(),
         "webhook.failurePolicy=Fail".into(),
-        "gc.leaderElection.leaseDuration=6".into(),
-        "gc.leaderElection.leaseGrace=2".into(),
+        "gc.leaderElection.leaseDuration=6s".into(),
+        "gc.leaderElection.leaseGrace=2s".into(),
         "gc.leaseDeletionGrace=1s".into(),
         "server.shutdownDelay=3s".into(),
     ] {

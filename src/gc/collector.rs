@@ -278,7 +278,12 @@ impl Term {
                         self.wake.notify_one();
                     }
                     LeaseChange::Applied(name) => {
-                        if lock(&self.state).suspects.contains_key(name) {
+                        // A suspect that came back changes what is due; with the expired-lease
+                        // grace, any change of a lease may move when it expires (a renewTime
+                        // set back), so the next pass recomputes its wake-up from the store.
+                        if self.c.cfg.expired_grace.is_some()
+                            || lock(&self.state).suspects.contains_key(name)
+                        {
                             self.wake.notify_one();
                         }
                     }
