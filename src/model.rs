@@ -4,8 +4,6 @@
 //! (`#[serde(default)]`), so an object that upstream validation would reject still decodes and the
 //! rules can say precisely what is wrong with it, instead of failing on a missing `reason`.
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -112,6 +110,44 @@ impl StorageVersion {
     }
 }
 
+/// Implements `kube::Resource` for a cluster-scoped type with a `metadata: ObjectMeta` field,
+/// from the `KIND`, `GROUP`, `VERSION`, `API_VERSION` and `PLURAL` constants in scope where it is
+/// used (one definition for StorageVersion, the collector's stored copy and
+/// StorageVersionMigration).
+macro_rules! cluster_resource {
+    ($ty:ty) => {
+        impl kube::Resource for $ty {
+            type DynamicType = ();
+            type Scope = kube::core::ClusterResourceScope;
+
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(KIND)
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(GROUP)
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(VERSION)
+            }
+            fn api_version(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(API_VERSION)
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                std::borrow::Cow::Borrowed(PLURAL)
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(
+                &mut self,
+            ) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+pub(crate) use cluster_resource;
+
 /// A List of StorageVersions as returned by `kubectl get storageversions -o yaml`.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct StorageVersionList {
@@ -119,32 +155,7 @@ pub struct StorageVersionList {
     pub items: Vec<StorageVersion>,
 }
 
-impl kube::Resource for StorageVersion {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(API_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+cluster_resource!(StorageVersion);
 
 /// What the rules need to know about one identity Lease. Built from a
 /// `coordination.k8s.io/v1` Lease by the lease view, or from a file by `check`.

@@ -71,11 +71,25 @@ async fn settle(
     served: &BTreeMap<String, BTreeSet<String>>,
     stage: &str,
 ) -> Snapshot {
+    settle_within(ha, rec, served, stage, Duration::from_secs(90), false).await
+}
+
+/// `settle`, bounded by `within`. With `lossy` (upstream's collector, which can strip a restarted
+/// apiserver's entries until that apiserver's 10-minute refresh), running out of time is what
+/// upstream does, recorded in the timeline, not a failure: the latest snapshot is returned.
+async fn settle_within(
+    ha: &Ha,
+    rec: &Recorder,
+    served: &BTreeMap<String, BTreeSet<String>>,
+    stage: &str,
+    within: Duration,
+    lossy: bool,
+) -> Snapshot {
     let versions = ha.versions();
     let running: BTreeSet<usize> = (0..ha.n).filter(|i| !versions[*i].is_empty()).collect();
     let mut last_problem = String::new();
     let result = rec
-        .wait_for(stage, Duration::from_secs(90), |s| {
+        .wait_for(stage, within, |s| {
             let unknown = s.unknown_ids();
             if !unknown.is_empty() {
                 last_problem = format!("entries of unknown apiservers {unknown:?}");
@@ -125,7 +139,14 @@ async fn settle(
             rec.event(None, "settled", stage);
             s
         }
-        Err(e) => panic!("{e}: {last_problem}"),
+        Err(e) => match rec.latest() {
+            Some(s) if lossy => {
+                rec.event(None, "not settled (upstream)", stage);
+                eprintln!("{stage}: upstream's collector left it unsettled: {last_problem}");
+                s
+            }
+            _ => panic!("{e}: {last_problem}"),
+        },
     }
 }
 
@@ -200,6 +221,12 @@ async fn run_upgrade(collector: Collector) -> UpgradeRun {
         t0.elapsed()
     );
 
+    let lossy = collector == Collector::Upstream;
+    let settle_time = if lossy {
+        Duration::from_secs(30)
+    } else {
+        Duration::from_secs(90)
+    };
     let mut served = BTreeMap::new();
     served.insert(OLD.to_string(), ha.served_by(0).await);
     let mut map_commons = Vec::new();
@@ -241,7 +268,15 @@ async fn run_upgrade(collector: Collector) -> UpgradeRun {
         if !served.contains_key(NEW) {
             served.insert(NEW.to_string(), ha.served_by(i).await);
         }
-        let s = settle(&ha, &rec, &served, &format!("{} of 3 at 1.37", i + 1)).await;
+        let s = settle_within(
+            &ha,
+            &rec,
+            &served,
+            &format!("{} of 3 at 1.37", i + 1),
+            settle_time,
+            lossy,
+        )
+        .await;
         map_commons.push(s.common(MAP));
     }
     // Past the collector's grace after the last lease deletion (the last apiserver deletes its
@@ -251,7 +286,7 @@ async fn run_upgrade(collector: Collector) -> UpgradeRun {
     if wait > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(wait)).await;
     }
-    let s = settle(&ha, &rec, &served, "past the grace").await;
+    let s = settle_within(&ha, &rec, &served, "past the grace", settle_time, lossy).await;
     assert!(rec.now() - last_start >= DEFAULT_GRACE.as_secs_f64());
     let final_objects = normalized(&s);
     let takeover = match takeover_task {

@@ -7,8 +7,6 @@
 //! now), `status.conditions` are `metav1.Condition`s of type `Running`, `Succeeded`, `Failed`,
 //! and `status.resourceVersion` is the list resourceVersion the migration covers.
 
-use std::borrow::Cow;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
@@ -87,32 +85,7 @@ pub struct MigrationCondition {
     pub message: String,
 }
 
-impl kube::Resource for StorageVersionMigration {
-    type DynamicType = ();
-    type Scope = kube::core::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(KIND)
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(GROUP)
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(VERSION)
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(API_VERSION)
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        Cow::Borrowed(PLURAL)
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+crate::model::cluster_resource!(StorageVersionMigration);
 
 /// Where a migration stands, from its conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
