@@ -18,7 +18,6 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -64,23 +63,7 @@ fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures/chart").join(name)
 }
 
-fn run(cmd: &mut Command, stdin: Option<&str>) -> Output {
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    if let Some(input) = stdin {
-        let mut pipe = child.stdin.take().expect("piped stdin");
-        pipe.write_all(input.as_bytes()).expect("write stdin");
-    }
-    child.wait_with_output().expect("wait for command")
-}
+use support::ops::run;
 
 fn text(out: &Output) -> String {
     format!(

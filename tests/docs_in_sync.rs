@@ -318,6 +318,12 @@ fn nothing_points_outside_the_repository() {
         .output()
         .expect("git ls-files");
     let listed = String::from_utf8(listed.stdout).expect("utf-8");
+    // Spelled in pieces so that this file does not itself name a path outside the repository.
+    const OUTSIDE: [&str; 3] = [
+        concat!("..", "/", "shared"),
+        concat!("/", "work", "/"),
+        "spec §",
+    ];
     let mut offenders = Vec::new();
     for file in listed.lines() {
         if file == "tests/docs_in_sync.rs" || file.ends_with(".lock") {
@@ -327,7 +333,7 @@ fn nothing_points_outside_the_repository() {
             continue; // binary, or deleted but not yet staged
         };
         for (n, line) in text.lines().enumerate() {
-            if line.contains("../shared") || line.contains("/work/") || line.contains("spec §") {
+            if OUTSIDE.iter().any(|needle| line.contains(needle)) {
                 offenders.push(format!("{file}:{}: {line}", n + 1));
             }
         }
