@@ -3,17 +3,17 @@
 //! one tokio task per connection, closed when idle, when evicted for a new connection, or on
 //! graceful shutdown.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Body, Bytes, Incoming};
 use hyper::server::conn::{http1, http2};
-use hyper::Request;
+use hyper::service::Service;
+use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -29,6 +29,34 @@ pub const H2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Requests in progress at once on one HTTP/2 connection (hyper's default is 200): with
 /// `--max-connections` this bounds the request bodies held in memory at once.
 pub const H2_MAX_CONCURRENT_STREAMS: u32 = 32;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a listener serves: a hyper service that never fails (every error is a response), cheap
+/// to clone. The admission listener's is a plain `service_fn` over
+/// [`super::validate::ValidateService`]; the admin listener's an axum router.
+pub trait Handler: Clone + Send + Sync + 'static {
+    type Body: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static;
+    type Future: Future<Output = Result<Response<Self::Body>, Infallible>> + Send + 'static;
+    fn call(&self, req: Request<Incoming>) -> Self::Future;
+}
+
+impl<S, B> Handler for S
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static,
+{
+    type Body = B;
+    type Future = S::Future;
+    fn call(&self, req: Request<Incoming>) -> S::Future {
+        Service::call(self, req)
+    }
+}
 
 /// How connections are served.
 pub struct ConnSettings {
@@ -76,9 +104,9 @@ impl ConnSettings {
 
 /// Accepts until `stop` resolves, then drains: in-flight requests finish, idle keep-alive
 /// connections close, all bounded by `grace`; whatever is still open after it is dropped.
-pub async fn accept_loop(
+pub async fn accept_loop<H: Handler>(
     listener: TcpListener,
-    router: Router,
+    handler: H,
     settings: Arc<ConnSettings>,
     stop: impl Future<Output = ()>,
     grace: Duration,
@@ -106,7 +134,7 @@ pub async fn accept_loop(
                     conns.spawn(serve_connection(
                         tcp,
                         peer,
-                        router.clone(),
+                        handler.clone(),
                         Arc::clone(&settings),
                         slot,
                     ));
@@ -140,16 +168,16 @@ pub async fn accept_loop(
     conns.shutdown().await;
 }
 
-async fn serve_connection(
+async fn serve_connection<H: Handler>(
     tcp: TcpStream,
     peer: SocketAddr,
-    router: Router,
+    handler: H,
     settings: Arc<ConnSettings>,
     slot: Slot,
 ) {
     let _ = tcp.set_nodelay(true);
     let Some(acceptor) = &settings.tls else {
-        serve_http(TokioIo::new(tcp), false, peer, router, &settings, &slot).await;
+        serve_http(TokioIo::new(tcp), false, peer, handler, &settings, &slot).await;
         return;
     };
     let handshake = tokio::time::timeout(settings.handshake_timeout, acceptor.accept(tcp));
@@ -169,20 +197,20 @@ async fn serve_connection(
         () = slot.state.closing() => return,
     };
     let h2 = tls.get_ref().1.alpn_protocol() == Some(ALPN_H2);
-    serve_http(TokioIo::new(tls), h2, peer, router, &settings, &slot).await;
+    serve_http(TokioIo::new(tls), h2, peer, handler, &settings, &slot).await;
 }
 
-async fn serve_http<I>(
+async fn serve_http<I, H: Handler>(
     io: TokioIo<I>,
     h2: bool,
     peer: SocketAddr,
-    router: Router,
+    handler: H,
     settings: &ConnSettings,
     slot: &Slot,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = counted(router, Arc::clone(&slot.state));
+    let service = counted(handler, Arc::clone(&slot.state));
     let (ended, result) = if h2 {
         conns::drive(
             settings.http2.serve_connection(io, service),
@@ -206,22 +234,19 @@ async fn serve_http<I>(
     }
 }
 
-/// The router as a hyper service that marks each request in progress on its connection.
-fn counted(
-    router: Router,
+/// The handler as a hyper service that marks each request in progress on its connection.
+fn counted<H: Handler>(
+    handler: H,
     state: Arc<ConnState>,
-) -> impl hyper::service::Service<
+) -> impl Service<
     Request<Incoming>,
-    Response = axum::response::Response,
-    Error = std::convert::Infallible,
-    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>>
-                 + Send
-                 + 'static,
+    Response = Response<H::Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<H::Body>, Infallible>> + Send + 'static,
 > + Clone {
-    let inner = TowerToHyperService::new(router);
     hyper::service::service_fn(move |req: Request<Incoming>| {
         let guard = state.begin_request();
-        let call = hyper::service::Service::call(&inner, req);
+        let call = handler.call(req);
         async move {
             let response = call.await;
             drop(guard);

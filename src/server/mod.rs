@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
 use axum::Router;
+use hyper_util::service::TowerToHyperService;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use prometheus_client::registry::Registry;
@@ -62,7 +63,7 @@ pub struct Server {
     acceptor: TlsAcceptor,
     certs: Arc<CertStore>,
     health: Arc<Health>,
-    router: Router,
+    validate: validate::ValidateService,
     admin_router: Router,
     background: Vec<(&'static str, BoxFuture<'static, String>)>,
 }
@@ -100,7 +101,8 @@ impl Server {
             deps.metrics.clone(),
         )
         .with_limits(config.review_limits);
-        let router = validate::router(review, deps.metrics, config.max_request_bytes);
+        let validate =
+            validate::ValidateService::new(review, deps.metrics, config.max_request_bytes);
         let admin_router = admin::router(Arc::clone(&health), deps.registry);
         Ok(Server {
             config,
@@ -111,7 +113,7 @@ impl Server {
             acceptor: TlsAcceptor::from(tls_config),
             certs,
             health,
-            router,
+            validate,
             admin_router,
             background: Vec::new(),
         })
@@ -163,7 +165,7 @@ impl Server {
             acceptor,
             certs,
             health,
-            router,
+            validate,
             admin_router,
             mut background,
         } = self;
@@ -204,7 +206,7 @@ impl Server {
         let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
         let mut admin_task = AbortOnDrop(tokio::spawn(listener::accept_loop(
             admin,
-            admin_router,
+            TowerToHyperService::new(admin_router),
             admin_settings,
             async move {
                 let _ = admin_stopped.await;
@@ -232,8 +234,13 @@ impl Server {
             config.idle_timeout,
             config.max_connections,
         ));
+        // The one route, served without a router (validate.rs matches the path itself).
+        let handler = hyper::service::service_fn(move |req| {
+            let validate = validate.clone();
+            async move { Ok::<_, std::convert::Infallible>(validate.handle(req).await) }
+        });
         let accept =
-            listener::accept_loop(admission, router, settings, stop, config.shutdown_grace);
+            listener::accept_loop(admission, handler, settings, stop, config.shutdown_grace);
 
         let background_ended = async move {
             if background.is_empty() {
