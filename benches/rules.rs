@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::registry::Registry;
-use storageversion_webhook::admission::{Admission, Enforcement};
+use storageversion_webhook::admission::{decode_review_with, Admission, Enforcement, JsonReader};
 use storageversion_webhook::leases::StaticLeases;
 use storageversion_webhook::metrics::Metrics;
 use storageversion_webhook::model::{
@@ -106,6 +106,55 @@ fn bench(c: &mut Criterion) {
         });
         g.finish();
     }
+
+    // The second body of bench/run: a review captured from kube-apiserver, its apiServerID
+    // replaced by a fixture apiserver's (as `bench_driver review --real` does).
+    let real = real_review();
+    let synthetic = case("3-entries", 3).body;
+    // The one-pass decode of each body with serde_json and with sonic-rs (same binary, one run).
+    for (label, body) in [("3-entries", &synthetic), ("real-review", &real.body)] {
+        let mut g = c.benchmark_group(label);
+        for reader in [JsonReader::SerdeJson, JsonReader::SonicRs] {
+            assert_eq!(decode_review_with(body, reader), Some(if label == "3-entries" { 3 } else { 1 }));
+            g.bench_function(format!("decode_review/{reader:?}"), |b| {
+                b.iter(|| decode_review_with(black_box(body), reader))
+            });
+        }
+        g.finish();
+    }
+    let mut g = c.benchmark_group("real-review");
+    g.bench_function("admission_review", |b| {
+        b.iter(|| {
+            let out = futures::executor::block_on(real.admission.review(black_box(&real.body)));
+            assert!(out.is_ok());
+            out
+        })
+    });
+    g.finish();
+}
+
+fn real_review() -> Case {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/fixtures/real-review.json");
+    let text = std::fs::read(path).expect("bench/fixtures/real-review.json");
+    let mut review: serde_json::Value = serde_json::from_slice(&text).expect("fixture JSON");
+    let id = fixtures::apiserver_ids(1).remove(0);
+    for which in ["object", "oldObject"] {
+        // pointer_mut, not indexing: `v["missing"]` on a mutable value inserts a null.
+        let at = format!("/request/{which}/status/storageVersions");
+        if let Some(entries) = review.pointer_mut(&at).and_then(|v| v.as_array_mut()) {
+            for e in entries {
+                e["apiServerID"] = serde_json::Value::String(id.clone());
+            }
+        }
+    }
+    let mut case = case("real-review", 1);
+    case.body = serde_json::to_vec(&review).expect("compact review");
+    // The verdict must be "allowed": the benchmark measures the path of a real write.
+    let out = futures::executor::block_on(case.admission.review(&case.body)).expect("answer");
+    let out: serde_json::Value = serde_json::from_slice(&out).expect("answer JSON");
+    assert_eq!(out["response"]["allowed"], true, "{out}");
+    assert!(out["response"]["warnings"].is_null(), "{out}");
+    case
 }
 
 criterion_group!(benches, bench);

@@ -150,8 +150,9 @@ fn write_real_review(captured: &std::path::Path, out: &std::path::Path) -> anyho
         .with_context(|| format!("{} is not JSON", captured.display()))?;
     let id = fixtures::apiserver_ids(1).remove(0);
     for which in ["object", "oldObject"] {
-        if let Some(entries) = review["request"][which]["status"]["storageVersions"].as_array_mut()
-        {
+        // pointer_mut, not indexing: `v["missing"]` on a mutable value inserts a null.
+        let at = format!("/request/{which}/status/storageVersions");
+        if let Some(entries) = review.pointer_mut(&at).and_then(|v| v.as_array_mut()) {
             for e in entries {
                 e["apiServerID"] = serde_json::Value::String(id.clone());
             }
