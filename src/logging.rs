@@ -103,11 +103,19 @@ pub mod batch {
     }
 
     /// The [`tracing_subscriber::fmt::MakeWriter`] side: cheap to clone, one per logging call.
-    #[derive(Clone)]
     pub struct BatchWriter<W> {
         shared: Arc<Shared>,
         /// Where lines go once the writer thread has stopped.
         direct: fn() -> W,
+    }
+
+    impl<W> Clone for BatchWriter<W> {
+        fn clone(&self) -> Self {
+            BatchWriter {
+                shared: Arc::clone(&self.shared),
+                direct: self.direct,
+            }
+        }
     }
 
     /// Writes out what is buffered and stops the writer thread when dropped.
