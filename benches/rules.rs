@@ -115,7 +115,10 @@ fn bench(c: &mut Criterion) {
     for (label, body) in [("3-entries", &synthetic), ("real-review", &real.body)] {
         let mut g = c.benchmark_group(label);
         for reader in [JsonReader::SerdeJson, JsonReader::SonicRs] {
-            assert_eq!(decode_review_with(body, reader), Some(if label == "3-entries" { 3 } else { 1 }));
+            assert_eq!(
+                decode_review_with(body, reader),
+                Some(if label == "3-entries" { 3 } else { 1 })
+            );
             g.bench_function(format!("decode_review/{reader:?}"), |b| {
                 b.iter(|| decode_review_with(black_box(body), reader))
             });
@@ -134,7 +137,10 @@ fn bench(c: &mut Criterion) {
 }
 
 fn real_review() -> Case {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/fixtures/real-review.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/bench/fixtures/real-review.json"
+    );
     let text = std::fs::read(path).expect("bench/fixtures/real-review.json");
     let mut review: serde_json::Value = serde_json::from_slice(&text).expect("fixture JSON");
     let id = fixtures::apiserver_ids(1).remove(0);

@@ -98,7 +98,9 @@ pub mod batch {
     impl Shared {
         fn lock(&self) -> MutexGuard<'_, State> {
             // A thread that panicked while holding the lock left a buffer of whole lines behind.
-            self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+            self.state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
         }
     }
 
@@ -263,7 +265,10 @@ pub mod batch {
         }
 
         fn written() -> Vec<u8> {
-            SINK.get_or_init(Default::default).lock().expect("sink").clone()
+            SINK.get_or_init(Default::default)
+                .lock()
+                .expect("sink")
+                .clone()
         }
 
         #[test]
@@ -276,7 +281,10 @@ pub mod batch {
                     std::thread::spawn(move || {
                         for i in 0..5_000 {
                             let line = format!("thread {t} line {i:05} {}\n", "x".repeat(200));
-                            writer.make_writer().write_all(line.as_bytes()).expect("write");
+                            writer
+                                .make_writer()
+                                .write_all(line.as_bytes())
+                                .expect("write");
                         }
                     })
                 })
@@ -296,11 +304,15 @@ pub mod batch {
                     .collect();
                 assert_eq!(mine.len(), 5_000);
                 assert!(mine.windows(2).all(|w| w[0] < w[1]), "in order per thread");
-                assert!(mine.iter().all(|l| l.len() == 200 + "thread 0 line 00000 ".len()));
+                assert!(mine
+                    .iter()
+                    .all(|l| l.len() == 200 + "thread 0 line 00000 ".len()));
             }
             // After the guard, lines go straight through.
             writer.make_writer().write_all(b"after\n").expect("write");
-            assert!(String::from_utf8(written()).expect("utf-8").ends_with("after\n"));
+            assert!(String::from_utf8(written())
+                .expect("utf-8")
+                .ends_with("after\n"));
         }
     }
 }

@@ -166,11 +166,7 @@ const CHEAPEST_GOAL: f64 = 0.9;
 const P99_GOAL: f64 = 1.5;
 
 /// Median over repetitions of `a[k] / b[k]`, paired by repetition (clean pairs when any).
-fn paired_median(
-    a: &BTreeMap<String, &Value>,
-    b: &BTreeMap<String, &Value>,
-    k: &str,
-) -> f64 {
+fn paired_median(a: &BTreeMap<String, &Value>, b: &BTreeMap<String, &Value>, k: &str) -> f64 {
     let pairs: Vec<(&Value, &Value)> = a
         .iter()
         .filter_map(|(rep, x)| b.get(rep).map(|y| (*x, *y)))
@@ -330,10 +326,7 @@ fn admission(
     }
     writeln!(md)?;
     // The goals (issue 13): pinned, 16 and 64 connections, paired ratios of one run.
-    for (mode, conc, body, r, _, _) in ratio_lines
-        .iter()
-        .filter(|l| l.0 == "pinned" && l.1 >= 16)
-    {
+    for (mode, conc, body, r, _, _) in ratio_lines.iter().filter(|l| l.0 == "pinned" && l.1 >= 16) {
         goals.push((
             format!(
                 "1. validate ≥ {VALIDATE_GOAL} × limit throughput ({mode}, {conc} connections, {body} body)"
@@ -349,7 +342,9 @@ fn admission(
         if let (Some(c), Some(l)) = (eps.get("cheapest"), eps.get("limit")) {
             let r = paired_median(c, l, "rps");
             goals.push((
-                format!("1. cheapest ≥ {CHEAPEST_GOAL} × limit throughput ({mode}, {conc} connections)"),
+                format!(
+                    "1. cheapest ≥ {CHEAPEST_GOAL} × limit throughput ({mode}, {conc} connections)"
+                ),
                 format!("{r:.2}"),
                 r >= CHEAPEST_GOAL,
             ));

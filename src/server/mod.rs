@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, Context};
 use axum::Router;
-use hyper_util::service::TowerToHyperService;
 use futures::future::BoxFuture;
 use futures::FutureExt;
+use hyper_util::service::TowerToHyperService;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
