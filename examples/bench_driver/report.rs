@@ -386,7 +386,9 @@ fn rules(md: &mut String, dir: &Path) -> anyhow::Result<()> {
         runs); `rules_violations` the lease-free rules only; `decode_object` one StorageVersion from \
         JSON; `admission_review` the whole in-process review of the §1 body (decode both objects, \
         lease lookups in a static view, rules, response JSON; no log subscriber installed); \
-        `real-review` is that with §1's second body, the review captured from kube-apiserver.\n")?;
+        `real-review` is that with §1's second body, the review captured from kube-apiserver; \
+        `decode_review_*` the one-pass decode of the review and both objects alone, with serde_json \
+        and with sonic-rs, on each body (same binary, same run).\n")?;
     writeln!(md, "| object | benchmark | median |\n|---|---|---|")?;
     let mut found = false;
     for group in ["3-entries", "60-entries", "real-review"] {
@@ -394,6 +396,8 @@ fn rules(md: &mut String, dir: &Path) -> anyhow::Result<()> {
             "rules_evaluate",
             "rules_violations",
             "decode_object",
+            "decode_review_SerdeJson",
+            "decode_review_SonicRs",
             "admission_review",
         ] {
             let path = dir.join(group).join(bench).join("new/estimates.json");
