@@ -17,3 +17,4 @@ pub mod model;
 pub mod plugin;
 pub mod rules;
 pub mod server;
+pub mod task;
