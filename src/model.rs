@@ -110,6 +110,16 @@ fn is_zero(v: &i64) -> bool {
     *v == 0
 }
 
+impl StorageVersionStatus {
+    /// The `AllEncodingVersionsEqual` conditions (upstream keeps exactly one; a hand-written
+    /// object may carry none or several).
+    pub fn encoding_conditions(&self) -> impl Iterator<Item = &StorageVersionCondition> {
+        self.conditions
+            .iter()
+            .filter(|c| c.type_ == ALL_ENCODING_VERSIONS_EQUAL)
+    }
+}
+
 impl StorageVersion {
     /// The object's name, or `""` when it has none.
     pub fn name(&self) -> &str {

@@ -24,12 +24,7 @@ fn id_list(ids: &[&str]) -> Vec<String> {
 }
 
 fn the_condition(sv: &StorageVersion) -> &storageversion_webhook::model::StorageVersionCondition {
-    let c: Vec<_> = sv
-        .status
-        .conditions
-        .iter()
-        .filter(|c| c.type_ == "AllEncodingVersionsEqual")
-        .collect();
+    let c: Vec<_> = sv.status.encoding_conditions().collect();
     assert_eq!(
         c.len(),
         1,

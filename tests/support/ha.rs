@@ -871,13 +871,7 @@ pub fn condition_violations(name: &str, history: &[(f64, StorageVersionStatus)])
                 cur.common_encoding_version, want.common_encoding_version
             ));
         }
-        let find = |s: &StorageVersionStatus| {
-            s.conditions
-                .iter()
-                .filter(|c| c.type_ == "AllEncodingVersionsEqual")
-                .cloned()
-                .collect::<Vec<_>>()
-        };
+        let find = |s: &StorageVersionStatus| s.encoding_conditions().cloned().collect::<Vec<_>>();
         let (w_c, c_c, p_c) = (find(want), find(cur), find(prev));
         if c_c.len() != 1 || w_c.len() != 1 {
             out.push(format!(
