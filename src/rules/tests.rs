@@ -80,6 +80,11 @@ fn facts(items: Vec<(&str, LeaseLookup)>) -> LeaseFacts {
     items.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// Facts in which `id`'s lease is missing.
+fn gone(id: &str) -> LeaseFacts {
+    facts(vec![(id, LeaseLookup::NotFound)])
+}
+
 fn live_facts(sv: &StorageVersion) -> LeaseFacts {
     sv.status
         .storage_versions
@@ -110,15 +115,39 @@ fn upstream_only(sv: &StorageVersion) -> Vec<Violation> {
     out
 }
 
-fn finding_summary(e: &Evaluation) -> Vec<(Code, Severity, Option<&str>)> {
+/// Judges the update from `old` to `new` with every lease live and asserts its findings (as
+/// [`finding_summary`] writes them).
+#[track_caller]
+fn assert_update(new: &StorageVersion, old: &StorageVersion, want: &[&str]) -> Evaluation {
+    assert_update_with(new, old, &live_facts(new), want)
+}
+
+/// [`assert_update`] with the lease facts `f`.
+#[track_caller]
+fn assert_update_with(
+    new: &StorageVersion,
+    old: &StorageVersion,
+    f: &LeaseFacts,
+    want: &[&str],
+) -> Evaluation {
+    let e = evaluate(new, Some(old), f, &opts());
+    assert_eq!(finding_summary(&e), want, "{:#?}", e.findings);
+    e
+}
+
+/// Each finding as `"<severity> [<code>] <entry>"` (no entry for findings outside entries).
+fn finding_summary(e: &Evaluation) -> Vec<String> {
     e.findings
         .iter()
         .map(|f| {
-            (
-                f.violation.code,
-                f.severity,
-                f.violation.entry_id.as_deref(),
-            )
+            let severity = match f.severity {
+                Severity::Deny => "deny",
+                Severity::Warn => "warn",
+            };
+            match &f.violation.entry_id {
+                Some(id) => format!("{severity} [{}] {id}", f.violation.code),
+                None => format!("{severity} [{}]", f.violation.code),
+            }
         })
         .collect()
 }
@@ -727,6 +756,15 @@ fn judge_create(lookup: Option<LeaseLookup>) -> Evaluation {
     evaluate(&sv, None, &facts, &opts())
 }
 
+/// A create judged with `apiserver-a`'s lease as given.
+fn judge_lease(
+    label: Option<&str>,
+    renewed_ago_s: Option<i64>,
+    duration_s: Option<i32>,
+) -> Evaluation {
+    judge_create(Some(lease("apiserver-a", label, renewed_ago_s, duration_s)))
+}
+
 fn only_finding(e: &Evaluation) -> &Finding {
     assert_eq!(e.findings.len(), 1, "{:#?}", e.findings);
     &e.findings[0]
@@ -755,12 +793,7 @@ fn missing_lease_denies() {
 
 #[test]
 fn lease_with_another_identity_denies() {
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-controller-manager"),
-        Some(10),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-controller-manager"), Some(10), Some(3600));
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseNotApiserver);
     assert_eq!(f.severity, Severity::Deny);
@@ -771,7 +804,7 @@ fn lease_with_another_identity_denies() {
 
 #[test]
 fn lease_without_identity_label_denies() {
-    let e = judge_create(Some(lease("apiserver-a", None, Some(10), Some(3600))));
+    let e = judge_lease(None, Some(10), Some(3600));
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseNotApiserver);
     assert!(f
@@ -783,12 +816,7 @@ fn lease_without_identity_label_denies() {
 #[test]
 fn expired_lease_denies_and_says_when() {
     // Renewed 2 hours ago with a 1 hour duration: expired at 23:00 the day before.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(7200),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(7200), Some(3600));
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseExpired);
     assert_eq!(f.severity, Severity::Deny);
@@ -803,22 +831,12 @@ fn expired_lease_denies_and_says_when() {
 
 #[test]
 fn lease_without_renew_time_or_duration_is_expired() {
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        None,
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), None, Some(3600));
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseExpired);
     assert!(f.violation.message.contains("renewTime"));
 
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(1),
-        None,
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(1), None);
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseExpired);
     assert!(f.violation.message.contains("leaseDurationSeconds"));
@@ -827,28 +845,13 @@ fn lease_without_renew_time_or_duration_is_expired() {
 #[test]
 fn skew_allowance_is_honoured_up_to_its_edge() {
     // Expired 10s ago, allowance 30s: still live.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(3610),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(3610), Some(3600));
     assert!(e.findings.is_empty(), "{:#?}", e.findings);
     // Expired exactly 30s ago: renewTime + duration + allowance <= now, so expired.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(3630),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(3630), Some(3600));
     assert_eq!(only_finding(&e).violation.code, Code::LeaseExpired);
     // One second inside the allowance: live.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(3629),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(3629), Some(3600));
     assert!(e.findings.is_empty());
 }
 
@@ -912,12 +915,7 @@ fn lease_ids_include_unchanged_entries() {
 fn unchanged_entry_with_stale_lease_only_warns() {
     let old = one_entry("gone");
     let new = old.clone();
-    let e = evaluate(
-        &new,
-        Some(&old),
-        &facts(vec![("gone", LeaseLookup::NotFound)]),
-        &opts(),
-    );
+    let e = evaluate(&new, Some(&old), &gone("gone"), &opts());
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseMissing);
     assert_eq!(f.severity, Severity::Warn);
@@ -931,12 +929,7 @@ fn changed_entry_with_stale_lease_denies() {
     new.status.storage_versions[0]
         .decodable_versions
         .push("v2".into());
-    let e = evaluate(
-        &new,
-        Some(&old),
-        &facts(vec![("gone", LeaseLookup::NotFound)]),
-        &opts(),
-    );
+    let e = evaluate(&new, Some(&old), &gone("gone"), &opts());
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseMissing);
     assert_eq!(f.severity, Severity::Deny);
@@ -954,13 +947,11 @@ fn added_entry_with_stale_lease_denies_next_to_unchanged_ones() {
         ("a", LeaseLookup::NotFound),
         ("b", LeaseLookup::NotFound),
     ]);
-    let e = evaluate(&new, Some(&old), &f, &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::LeaseMissing, Severity::Warn, Some("a")),
-            (Code::LeaseMissing, Severity::Deny, Some("b")),
-        ]
+    assert_update_with(
+        &new,
+        &old,
+        &f,
+        &["warn [lease-missing] a", "deny [lease-missing] b"],
     );
 }
 
@@ -973,13 +964,11 @@ fn reordered_entries_still_ratchet() {
     a_reordered.decodable_versions.reverse();
     let new = object("core.pods", vec![b, a_reordered]);
     let f = facts(vec![("a", LeaseLookup::NotFound), ("b", live("b"))]);
-    let e = evaluate(&new, Some(&old), &f, &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::DecodableDuplicate, Severity::Warn, Some("a")),
-            (Code::LeaseMissing, Severity::Warn, Some("a")),
-        ]
+    let e = assert_update_with(
+        &new,
+        &old,
+        &f,
+        &["warn [decodable-duplicate] a", "warn [lease-missing] a"],
     );
     assert!(!e.is_denied());
 }
@@ -994,12 +983,7 @@ fn served_versions_in_another_order_are_unchanged() {
         "core.pods",
         vec![entry("a", "v1", &["v1", "v2"], &["v2", "v1"])],
     );
-    let e = evaluate(
-        &new,
-        Some(&old),
-        &facts(vec![("a", LeaseLookup::NotFound)]),
-        &opts(),
-    );
+    let e = evaluate(&new, Some(&old), &gone("a"), &opts());
     assert_eq!(only_finding(&e).severity, Severity::Warn);
 }
 
@@ -1007,15 +991,9 @@ fn served_versions_in_another_order_are_unchanged() {
 fn a_bad_name_denies_on_create_and_warns_on_update() {
     let sv = object("pods", vec![]);
     let e = evaluate(&sv, None, &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::NameFormat, Severity::Deny, None)]
-    );
+    assert_eq!(finding_summary(&e), vec!["deny [name-format]"]);
     let e = evaluate(&sv, Some(&sv), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::NameFormat, Severity::Warn, None)]
-    );
+    assert_eq!(finding_summary(&e), vec!["warn [name-format]"]);
     assert_eq!(e.findings[0].note, Some("unchanged from the stored object"));
 }
 
@@ -1031,9 +1009,9 @@ fn create_denies_everything() {
     assert_eq!(
         finding_summary(&e),
         vec![
-            (Code::EncodingNotDecodable, Severity::Deny, Some("a")),
-            (Code::EncodingGroupMismatch, Severity::Deny, Some("a")),
-            (Code::LeaseMissing, Severity::Deny, Some("a")),
+            "deny [encoding-not-decodable] a",
+            "deny [encoding-group-mismatch] a",
+            "deny [lease-missing] a",
         ]
     );
 }
@@ -1097,13 +1075,10 @@ fn an_old_violation_at_the_same_place_excuses_a_changed_entry() {
             entry("b", "v1", &["v1", "/x"], &[]),
         ],
     );
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::VersionInvalid, Severity::Warn, Some("a")),
-            (Code::VersionInvalid, Severity::Deny, Some("b")),
-        ]
+    assert_update(
+        &new,
+        &old,
+        &["warn [version-invalid] a", "deny [version-invalid] b"],
     );
 }
 
@@ -1115,21 +1090,17 @@ fn duplicate_ids_ratchet_by_count() {
     // A repeat of an unchanged entry is still a new duplicate.
     let old = object("core.pods", vec![a.clone()]);
     let new = object("core.pods", vec![a.clone(), a.clone()]);
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ApiServerIdDuplicate, Severity::Deny, Some("a"))]
-    );
+    assert_update(&new, &old, &["deny [apiserverid-duplicate] a"]);
     // One duplicate already stored, one added.
     let old = object("core.pods", vec![a.clone(), a2.clone()]);
     let new = object("core.pods", vec![a, a2, a3]);
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::ApiServerIdDuplicate, Severity::Warn, Some("a")),
-            (Code::ApiServerIdDuplicate, Severity::Deny, Some("a")),
-        ]
+    assert_update(
+        &new,
+        &old,
+        &[
+            "warn [apiserverid-duplicate] a",
+            "deny [apiserverid-duplicate] a",
+        ],
     );
 }
 
@@ -1138,19 +1109,15 @@ fn conditions_ratchet_by_path() {
     let mut old = object("core.pods", vec![]);
     old.status.conditions = vec![condition("x", "True", "", "m")];
     let mut new = old.clone();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ConditionReasonEmpty, Severity::Warn, None)]
-    );
+    assert_update(&new, &old, &["warn [condition-reason-empty]"]);
     new.status.conditions[0].message.clear();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::ConditionReasonEmpty, Severity::Warn, None),
-            (Code::ConditionMessageEmpty, Severity::Deny, None),
-        ]
+    assert_update(
+        &new,
+        &old,
+        &[
+            "warn [condition-reason-empty]",
+            "deny [condition-message-empty]",
+        ],
     );
 }
 
@@ -1196,24 +1163,12 @@ fn ratchet_carries_a_violation_over_only_when_its_value_is_unchanged() {
     let mut old = object("core.pods", vec![]);
     old.status.conditions = vec![condition("bad type!", "True", "r", "m")];
     let mut new = old.clone();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ConditionTypeInvalid, Severity::Warn, None)]
-    );
+    assert_update(&new, &old, &["warn [condition-type-invalid]"]);
     // ...but changing it into another bad value is a new violation.
     new.status.conditions[0].type_ = "other bad!".into();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ConditionTypeInvalid, Severity::Deny, None)]
-    );
+    assert_update(&new, &old, &["deny [condition-type-invalid]"]);
     // Inside an entry: the same place, another bad version.
     let old = object("core.pods", vec![entry("a", "v1", &["v1", "x/y/z"], &[])]);
     let new = object("core.pods", vec![entry("a", "v1", &["v1", "p/q/r"], &[])]);
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::VersionInvalid, Severity::Deny, Some("a"))]
-    );
+    assert_update(&new, &old, &["deny [version-invalid] a"]);
 }
