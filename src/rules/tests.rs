@@ -47,6 +47,18 @@ fn object(name: &str, entries: Vec<ServerStorageVersion>) -> StorageVersion {
     sv
 }
 
+/// A valid object on which the apiservers `ids` all encode, decode and serve `version`, with its
+/// common version and condition set.
+fn agreed(name: &str, version: &str, ids: &[&str]) -> StorageVersion {
+    let entries = ids
+        .iter()
+        .map(|id| entry(id, version, &[version], &[version]))
+        .collect();
+    let mut sv = object(name, entries);
+    common::set_common_encoding_version(&mut sv, NOW);
+    sv
+}
+
 fn now() -> Timestamp {
     NOW.parse().unwrap()
 }
@@ -105,8 +117,21 @@ fn assert_has(vs: &[Violation], needle: &str) {
     );
 }
 
+/// Each violation as `"<code> at <path>"`.
+fn code_paths(vs: &[Violation]) -> Vec<String> {
+    vs.iter()
+        .map(|v| format!("{} at {}", v.code, v.path))
+        .collect()
+}
+
 fn codes(vs: &[Violation]) -> Vec<Code> {
     vs.iter().map(|v| v.code).collect()
+}
+
+fn name_violations(name: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    upstream::check_name(name, &mut out);
+    out
 }
 
 fn upstream_only(sv: &StorageVersion) -> Vec<Violation> {
@@ -180,8 +205,7 @@ fn name_table() {
         ),
     ];
     for (name, expected) in cases {
-        let mut out = Vec::new();
-        upstream::check_name(&name, &mut out);
+        let out = name_violations(&name);
         match expected {
             None => assert!(out.is_empty(), "{name}: {:?}", rendered(&out)),
             Some(msg) => {
@@ -199,16 +223,14 @@ fn name_table() {
 
 #[test]
 fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
-    let mut out = Vec::new();
-    upstream::check_name(".pods", &mut out);
+    let out = name_violations(".pods");
     assert_eq!(
         rendered(&out),
         vec![
             r#"metadata.name: Invalid value: ".pods": the group segment a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"#
         ]
     );
-    let mut out = Vec::new();
-    upstream::check_name("apps.", &mut out);
+    let out = name_violations("apps.");
     assert_eq!(
         rendered(&out),
         vec![
@@ -216,15 +238,13 @@ fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
         ]
     );
     // Split at the LAST dot: the resource cannot hold a dot, the group can.
-    let mut out = Vec::new();
-    upstream::check_name("apps.1deployments", &mut out);
+    let out = name_violations("apps.1deployments");
     assert_eq!(out.len(), 1);
     assert!(out[0]
         .message
         .starts_with("the resource segment a DNS-1035 label"));
     // Length and pattern are independent.
-    let mut out = Vec::new();
-    upstream::check_name(&format!("{}-.pods", "x".repeat(254)), &mut out);
+    let out = name_violations(&format!("{}-.pods", "x".repeat(254)));
     assert_eq!(out.len(), 2, "{:?}", rendered(&out));
 }
 
@@ -327,30 +347,14 @@ fn entry_checks_in_order_with_codes_and_paths() {
     let e = entry("Bad", "v1/x/y", &["", "v2"], &["v3", "v2"]);
     let mut out = Vec::new();
     upstream::check_entry(4, &e, &mut out);
-    let got: Vec<(Code, &str)> = out.iter().map(|v| (v.code, v.path.as_str())).collect();
     assert_eq!(
-        got,
-        vec![
-            (
-                Code::ApiServerIdInvalid,
-                "status.storageVersions[4].apiServerID"
-            ),
-            (
-                Code::VersionInvalid,
-                "status.storageVersions[4].encodingVersion"
-            ),
-            (
-                Code::VersionInvalid,
-                "status.storageVersions[4].decodableVersions[0]"
-            ),
-            (
-                Code::EncodingNotDecodable,
-                "status.storageVersions[4].decodableVersions"
-            ),
-            (
-                Code::ServedNotDecodable,
-                "status.storageVersions[4].servedVersions[0]"
-            ),
+        code_paths(&out),
+        [
+            "apiserverid-invalid at status.storageVersions[4].apiServerID",
+            "version-invalid at status.storageVersions[4].encodingVersion",
+            "version-invalid at status.storageVersions[4].decodableVersions[0]",
+            "encoding-not-decodable at status.storageVersions[4].decodableVersions",
+            "served-not-decodable at status.storageVersions[4].servedVersions[0]"
         ]
     );
     assert_eq!(
@@ -465,33 +469,47 @@ fn condition_violations(conditions: Vec<StorageVersionCondition>) -> Vec<Violati
 
 #[test]
 fn condition_cases() {
-    let out = condition_violations(vec![condition("-fea", "True", "unknown", "unknown")]);
-    assert_has(&out, "type: Invalid value");
-    assert_has(
-        &out,
-        r#"status.conditions[0].type: Invalid value: "-fea": name part must consist of"#,
-    );
-    assert_eq!(codes(&out), vec![Code::ConditionTypeInvalid]);
-
-    let out = condition_violations(vec![condition("fea", "-True", "unknown", "unknown")]);
-    assert_has(&out, "status: Invalid value");
-    assert_has(
-        &out,
-        r#"status.conditions[0].status: Invalid value: "-True": name part"#,
-    );
-    assert_eq!(codes(&out), vec![Code::ConditionStatusInvalid]);
-
-    let out = condition_violations(vec![condition("fea", "True", "", "unknown")]);
-    assert_has(&out, "Required value: reason cannot be empty");
+    let cases = [
+        (
+            condition("-fea", "True", "unknown", "unknown"),
+            vec![
+                "type: Invalid value",
+                r#"status.conditions[0].type: Invalid value: "-fea": name part must consist of"#,
+            ],
+            Code::ConditionTypeInvalid,
+        ),
+        (
+            condition("fea", "-True", "unknown", "unknown"),
+            vec![
+                "status: Invalid value",
+                r#"status.conditions[0].status: Invalid value: "-True": name part"#,
+            ],
+            Code::ConditionStatusInvalid,
+        ),
+        (
+            condition("fea", "True", "", "unknown"),
+            vec!["Required value: reason cannot be empty"],
+            Code::ConditionReasonEmpty,
+        ),
+        (
+            condition("fea", "True", "unknown", ""),
+            vec!["Required value: message cannot be empty"],
+            Code::ConditionMessageEmpty,
+        ),
+    ];
+    for (c, needles, code) in cases {
+        let out = condition_violations(vec![c.clone()]);
+        for needle in needles {
+            assert_has(&out, needle);
+        }
+        assert_eq!(codes(&out), vec![code], "{c:?}");
+    }
     assert_eq!(
-        rendered(&out),
+        rendered(&condition_violations(vec![condition(
+            "fea", "True", "", "unknown"
+        )])),
         vec!["status.conditions[0].reason: Required value: reason cannot be empty"]
     );
-    assert_eq!(codes(&out), vec![Code::ConditionReasonEmpty]);
-
-    let out = condition_violations(vec![condition("fea", "True", "unknown", "")]);
-    assert_has(&out, "Required value: message cannot be empty");
-    assert_eq!(codes(&out), vec![Code::ConditionMessageEmpty]);
 
     let out = condition_violations(vec![
         condition("fea", "True", "unknown", "unknown"),
@@ -653,22 +671,12 @@ fn repeated_versions_are_reported_at_each_later_index() {
         vec![entry("a", "v1", &["v1", "v2", "v1", "v1"], &["v2", "v2"])],
     );
     let out = violations(&sv);
-    let got: Vec<(Code, &str)> = out.iter().map(|v| (v.code, v.path.as_str())).collect();
     assert_eq!(
-        got,
-        vec![
-            (
-                Code::DecodableDuplicate,
-                "status.storageVersions[0].decodableVersions[2]"
-            ),
-            (
-                Code::DecodableDuplicate,
-                "status.storageVersions[0].decodableVersions[3]"
-            ),
-            (
-                Code::ServedDuplicate,
-                "status.storageVersions[0].servedVersions[1]"
-            ),
+        code_paths(&out),
+        [
+            "decodable-duplicate at status.storageVersions[0].decodableVersions[2]",
+            "decodable-duplicate at status.storageVersions[0].decodableVersions[3]",
+            "served-duplicate at status.storageVersions[0].servedVersions[1]"
         ]
     );
     assert_eq!(
@@ -1124,15 +1132,11 @@ fn conditions_ratchet_by_path() {
 #[test]
 fn kube_apiserver_periodic_rewrite_is_allowed() {
     // Three live apiservers, one stale: the 10-minute no-op rewrite is not denied.
-    let mut sv = object(
+    let sv = agreed(
         "apps.deployments",
-        vec![
-            entry("apiserver-a", "apps/v1", &["apps/v1"], &["apps/v1"]),
-            entry("apiserver-b", "apps/v1", &["apps/v1"], &["apps/v1"]),
-            entry("apiserver-gone", "apps/v1", &["apps/v1"], &["apps/v1"]),
-        ],
+        "apps/v1",
+        &["apiserver-a", "apiserver-b", "apiserver-gone"],
     );
-    common::set_common_encoding_version(&mut sv, NOW);
     let mut f = live_facts(&sv);
     f.insert("apiserver-gone".into(), LeaseLookup::NotFound);
     let e = evaluate(&sv, Some(&sv), &f, &opts());
@@ -1143,15 +1147,11 @@ fn kube_apiserver_periodic_rewrite_is_allowed() {
 
 #[test]
 fn valid_write_has_no_findings() {
-    let mut sv = object(
+    let sv = agreed(
         "core.pods",
-        vec![
-            entry("apiserver-a", "v1", &["v1"], &["v1"]),
-            entry("apiserver-b", "v1", &["v1"], &["v1"]),
-            entry("apiserver-c", "v1", &["v1"], &["v1"]),
-        ],
+        "v1",
+        &["apiserver-a", "apiserver-b", "apiserver-c"],
     );
-    common::set_common_encoding_version(&mut sv, NOW);
     let f = live_facts(&sv);
     assert_eq!(evaluate(&sv, None, &f, &opts()), Evaluation::default());
     assert_eq!(evaluate(&sv, Some(&sv), &f, &opts()), Evaluation::default());
