@@ -717,18 +717,15 @@ fn all_encoding_versions_equal_must_agree_with_common() {
         violations(&sv)
     };
     const ALL: &str = crate::model::ALL_ENCODING_VERSIONS_EQUAL;
-    let agree = || {
+    // `a` encodes v1; `b` encodes `b_version`.
+    let entries = |b_version: &str| {
         vec![
             entry("a", "v1", &["v1"], &[]),
-            entry("b", "v1", &["v1"], &[]),
+            entry("b", b_version, &[b_version], &[]),
         ]
     };
-    let disagree = || {
-        vec![
-            entry("a", "v1", &["v1"], &[]),
-            entry("b", "v2", &["v2"], &[]),
-        ]
-    };
+    let agree = || entries("v1");
+    let disagree = || entries("v2");
     assert!(judge(agree(), "True").is_empty());
     assert!(judge(disagree(), "False").is_empty());
     assert!(judge(disagree(), "Unknown").is_empty());
