@@ -38,6 +38,25 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str) -> StorageV
     }
 }
 
+/// The object `core.pods` with `entries`.
+fn pods(entries: Vec<ServerStorageVersion>) -> StorageVersion {
+    object("core.pods", entries)
+}
+
+/// The object `core.pods` without entries, with the one condition `c`.
+fn with_condition(c: StorageVersionCondition) -> StorageVersion {
+    let mut sv = pods(vec![]);
+    sv.status.conditions = vec![c];
+    sv
+}
+
+/// `sv` with `e` appended to its entries.
+fn with_entry(sv: &StorageVersion, e: ServerStorageVersion) -> StorageVersion {
+    let mut new = sv.clone();
+    new.status.storage_versions.push(e);
+    new
+}
+
 fn object(name: &str, entries: Vec<ServerStorageVersion>) -> StorageVersion {
     let mut sv = StorageVersion::default();
     sv.metadata.name = Some(name.into());
@@ -253,13 +272,10 @@ fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
 
 #[test]
 fn duplicate_api_server_id() {
-    let mut sv = object(
-        "core.pods",
-        vec![
-            entry("1", "v1alpha1", &["v1alpha1", "v1"], &[]),
-            entry("1", "v1beta1", &["v1alpha1", "v1"], &[]),
-        ],
-    );
+    let mut sv = pods(vec![
+        entry("1", "v1alpha1", &["v1alpha1", "v1"], &[]),
+        entry("1", "v1beta1", &["v1alpha1", "v1"], &[]),
+    ]);
     sv.status.common_encoding_version = Some("v1alpha1".into());
     let out = upstream_only(&sv);
     assert_has(
@@ -566,14 +582,11 @@ fn condition_checks_in_order() {
 
 #[test]
 fn strategy_test_object_is_valid() {
-    let mut sv = object(
-        "core.pods",
-        vec![
-            entry("1", "v1", &["v1", "v2"], &[]),
-            entry("2", "v1", &["v1", "v2"], &[]),
-            entry("3", "v2", &["v1", "v2"], &[]),
-        ],
-    );
+    let mut sv = pods(vec![
+        entry("1", "v1", &["v1", "v2"], &[]),
+        entry("2", "v1", &["v1", "v2"], &[]),
+        entry("3", "v2", &["v1", "v2"], &[]),
+    ]);
     sv.status.common_encoding_version = None;
     assert!(
         upstream_only(&sv).is_empty(),
@@ -666,10 +679,12 @@ fn encoding_group_is_not_judged_on_malformed_input() {
 
 #[test]
 fn repeated_versions_are_reported_at_each_later_index() {
-    let sv = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "v2", "v1", "v1"], &["v2", "v2"])],
-    );
+    let sv = pods(vec![entry(
+        "a",
+        "v1",
+        &["v1", "v2", "v1", "v1"],
+        &["v2", "v2"],
+    )]);
     let out = violations(&sv);
     assert_eq!(
         code_paths(&out),
@@ -690,7 +705,7 @@ fn repeated_versions_are_reported_at_each_later_index() {
 #[test]
 fn condition_status_must_be_a_defined_value() {
     let status_codes = |status: &str| {
-        let mut sv = object("core.pods", vec![]);
+        let mut sv = pods(vec![]);
         sv.status.conditions = vec![condition("Other", status, "r", "m")];
         codes(&violations(&sv))
     };
@@ -712,7 +727,7 @@ fn condition_status_must_be_a_defined_value() {
 #[test]
 fn all_encoding_versions_equal_must_agree_with_common() {
     let judge = |entries: Vec<ServerStorageVersion>, status: &str| {
-        let mut sv = object("core.pods", entries);
+        let mut sv = pods(entries);
         sv.status.conditions = vec![condition(ALL, status, "r", "m")];
         violations(&sv)
     };
@@ -740,7 +755,7 @@ fn all_encoding_versions_equal_must_agree_with_common() {
     assert!(out[0].message.contains("\"v1\""), "{}", out[0].message);
 
     // Other condition types are not compared.
-    let mut sv = object("core.pods", disagree());
+    let mut sv = pods(disagree());
     sv.status.conditions = vec![condition("Other", "True", "r", "m")];
     assert!(violations(&sv).is_empty());
 }
@@ -749,7 +764,7 @@ fn all_encoding_versions_equal_must_agree_with_common() {
 // lease rule
 
 fn one_entry(id: &str) -> StorageVersion {
-    object("core.pods", vec![entry(id, "v1", &["v1"], &["v1"])])
+    pods(vec![entry(id, "v1", &["v1"], &["v1"])])
 }
 
 fn judge_create(lookup: Option<LeaseLookup>) -> Evaluation {
@@ -775,6 +790,14 @@ fn only_finding(e: &Evaluation) -> &Finding {
     &e.findings[0]
 }
 
+/// The only finding, asserted to be `code` with `severity`.
+#[track_caller]
+fn the_finding(e: &Evaluation, code: Code, severity: Severity) -> &Finding {
+    let f = only_finding(e);
+    assert_eq!((f.violation.code, f.severity), (code, severity), "{f:#?}");
+    f
+}
+
 #[test]
 fn live_lease_gives_nothing() {
     let e = judge_create(Some(live("apiserver-a")));
@@ -786,9 +809,7 @@ fn live_lease_gives_nothing() {
 #[test]
 fn missing_lease_denies() {
     let e = judge_create(Some(LeaseLookup::NotFound));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseMissing);
-    assert_eq!(f.severity, Severity::Deny);
+    let f = the_finding(&e, Code::LeaseMissing, Severity::Deny);
     assert_eq!(f.note, None);
     assert_eq!(f.violation.path, "status.storageVersions[0].apiServerID");
     assert_eq!(f.violation.entry_id.as_deref(), Some("apiserver-a"));
@@ -799,9 +820,7 @@ fn missing_lease_denies() {
 #[test]
 fn lease_with_another_identity_denies() {
     let e = judge_lease(Some("kube-controller-manager"), Some(10), Some(3600));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseNotApiserver);
-    assert_eq!(f.severity, Severity::Deny);
+    let f = the_finding(&e, Code::LeaseNotApiserver, Severity::Deny);
     let m = &f.violation.message;
     assert!(m.contains("apiserver.kubernetes.io/identity"), "{m}");
     assert!(m.contains("kube-controller-manager"), "{m}");
@@ -822,9 +841,7 @@ fn lease_without_identity_label_denies() {
 fn expired_lease_denies_and_says_when() {
     // Renewed 2 hours ago with a 1 hour duration: expired at 23:00 the day before.
     let e = judge_lease(Some("kube-apiserver"), Some(7200), Some(3600));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseExpired);
-    assert_eq!(f.severity, Severity::Deny);
+    let f = the_finding(&e, Code::LeaseExpired, Severity::Deny);
     assert!(
         f.violation
             .message
@@ -863,9 +880,7 @@ fn skew_allowance_is_honoured_up_to_its_edge() {
 #[test]
 fn failed_lookup_only_warns() {
     let e = judge_create(Some(LeaseLookup::Failed("timeout".into())));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseLookupFailed);
-    assert_eq!(f.severity, Severity::Warn);
+    let f = the_finding(&e, Code::LeaseLookupFailed, Severity::Warn);
     assert!(f.violation.message.contains("not denying"));
     assert!(f.violation.message.contains("timeout"));
     assert!(!e.is_denied());
@@ -884,16 +899,13 @@ fn unknown_lease_skips_the_rule() {
 
 #[test]
 fn invalid_ids_are_not_looked_up_or_lease_judged() {
-    let sv = object(
-        "core.pods",
-        vec![
-            entry("", "v1", &["v1"], &[]),
-            entry("b", "v1", &["v1"], &[]),
-            entry("Bad_ID", "v1", &["v1"], &[]),
-            entry("b", "v1", &["v1"], &[]),
-            entry("a", "v1", &["v1"], &[]),
-        ],
-    );
+    let sv = pods(vec![
+        entry("", "v1", &["v1"], &[]),
+        entry("b", "v1", &["v1"], &[]),
+        entry("Bad_ID", "v1", &["v1"], &[]),
+        entry("b", "v1", &["v1"], &[]),
+        entry("a", "v1", &["v1"], &[]),
+    ]);
     assert_eq!(lease_ids(&sv, None), vec!["b", "a"]);
     let e = evaluate(&sv, None, &LeaseFacts::new(), &opts());
     assert!(e.findings.iter().all(|f| !matches!(
@@ -906,10 +918,7 @@ fn invalid_ids_are_not_looked_up_or_lease_judged() {
 #[test]
 fn lease_ids_include_unchanged_entries() {
     let old = one_entry("x");
-    let mut new = old.clone();
-    new.status
-        .storage_versions
-        .push(entry("y", "v1", &["v1"], &[]));
+    let new = with_entry(&old, entry("y", "v1", &["v1"], &[]));
     assert_eq!(lease_ids(&new, Some(&old)), vec!["x", "y"]);
 }
 
@@ -921,9 +930,7 @@ fn unchanged_entry_with_stale_lease_only_warns() {
     let old = one_entry("gone");
     let new = old.clone();
     let e = evaluate(&new, Some(&old), &gone("gone"), &opts());
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseMissing);
-    assert_eq!(f.severity, Severity::Warn);
+    let f = the_finding(&e, Code::LeaseMissing, Severity::Warn);
     assert_eq!(f.note, Some("unchanged from the stored object"));
 }
 
@@ -935,19 +942,14 @@ fn changed_entry_with_stale_lease_denies() {
         .decodable_versions
         .push("v2".into());
     let e = evaluate(&new, Some(&old), &gone("gone"), &opts());
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseMissing);
-    assert_eq!(f.severity, Severity::Deny);
+    let f = the_finding(&e, Code::LeaseMissing, Severity::Deny);
     assert_eq!(f.note, None);
 }
 
 #[test]
 fn added_entry_with_stale_lease_denies_next_to_unchanged_ones() {
     let old = one_entry("a");
-    let mut new = old.clone();
-    new.status
-        .storage_versions
-        .push(entry("b", "v1", &["v1"], &["v1"]));
+    let new = with_entry(&old, entry("b", "v1", &["v1"], &["v1"]));
     let f = facts(vec![
         ("a", LeaseLookup::NotFound),
         ("b", LeaseLookup::NotFound),
@@ -964,10 +966,10 @@ fn added_entry_with_stale_lease_denies_next_to_unchanged_ones() {
 fn reordered_entries_still_ratchet() {
     let a = entry("a", "v1", &["v1", "v1"], &["v1"]);
     let b = entry("b", "v1", &["v1"], &["v1"]);
-    let old = object("core.pods", vec![a.clone(), b.clone()]);
+    let old = pods(vec![a.clone(), b.clone()]);
     let mut a_reordered = a;
     a_reordered.decodable_versions.reverse();
-    let new = object("core.pods", vec![b, a_reordered]);
+    let new = pods(vec![b, a_reordered]);
     let f = facts(vec![("a", LeaseLookup::NotFound), ("b", live("b"))]);
     let e = assert_update_with(
         &new,
@@ -980,14 +982,8 @@ fn reordered_entries_still_ratchet() {
 
 #[test]
 fn served_versions_in_another_order_are_unchanged() {
-    let old = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "v2"], &["v1", "v2"])],
-    );
-    let new = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "v2"], &["v2", "v1"])],
-    );
+    let old = pods(vec![entry("a", "v1", &["v1", "v2"], &["v1", "v2"])]);
+    let new = pods(vec![entry("a", "v1", &["v1", "v2"], &["v2", "v1"])]);
     let e = evaluate(&new, Some(&old), &gone("a"), &opts());
     assert_eq!(only_finding(&e).severity, Severity::Warn);
 }
@@ -1004,7 +1000,7 @@ fn a_bad_name_denies_on_create_and_warns_on_update() {
 
 #[test]
 fn create_denies_everything() {
-    let sv = object("core.pods", vec![entry("a", "apps/v1", &["v1"], &[])]);
+    let sv = pods(vec![entry("a", "apps/v1", &["v1"], &[])]);
     let e = evaluate(
         &sv,
         None,
@@ -1025,7 +1021,7 @@ fn create_denies_everything() {
 fn removing_entries_is_allowed() {
     let a = entry("a", "v1", &["v1"], &["v1"]);
     let gone = entry("gone", "v2", &["v2", "v2"], &["v2"]);
-    let mut old = object("core.pods", vec![a.clone(), gone]);
+    let mut old = pods(vec![a.clone(), gone]);
     common::set_common_encoding_version(&mut old, NOW);
     let mut new = old.clone();
     new.status
@@ -1048,11 +1044,8 @@ fn an_old_violation_at_the_same_place_excuses_a_changed_entry() {
     // Entry "a" changes (new served version) but its bad decodableVersions[1] was already there,
     // with the same value (a changed bad value is a new violation: see
     // ratchet_carries_a_violation_over_only_when_its_value_is_unchanged).
-    let old = object("core.pods", vec![entry("a", "v1", &["v1", "/x"], &[])]);
-    let new = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "/x", "V3"], &["v1"])],
-    );
+    let old = pods(vec![entry("a", "v1", &["v1", "/x"], &[])]);
+    let new = pods(vec![entry("a", "v1", &["v1", "/x", "V3"], &["v1"])]);
     let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
     let got: Vec<(&str, Severity)> = e
         .findings
@@ -1073,13 +1066,10 @@ fn an_old_violation_at_the_same_place_excuses_a_changed_entry() {
         ]
     );
     // The same violation in another entry (another ID) is not excused.
-    let new = object(
-        "core.pods",
-        vec![
-            entry("a", "v1", &["v1", "/x"], &[]),
-            entry("b", "v1", &["v1", "/x"], &[]),
-        ],
-    );
+    let new = pods(vec![
+        entry("a", "v1", &["v1", "/x"], &[]),
+        entry("b", "v1", &["v1", "/x"], &[]),
+    ]);
     assert_update(
         &new,
         &old,
@@ -1093,12 +1083,12 @@ fn duplicate_ids_ratchet_by_count() {
     let a2 = entry("a", "v1", &["v1", "v2"], &[]);
     let a3 = entry("a", "v1", &["v1", "v3"], &[]);
     // A repeat of an unchanged entry is still a new duplicate.
-    let old = object("core.pods", vec![a.clone()]);
-    let new = object("core.pods", vec![a.clone(), a.clone()]);
+    let old = pods(vec![a.clone()]);
+    let new = pods(vec![a.clone(), a.clone()]);
     assert_update(&new, &old, &["deny [apiserverid-duplicate] a"]);
     // One duplicate already stored, one added.
-    let old = object("core.pods", vec![a.clone(), a2.clone()]);
-    let new = object("core.pods", vec![a, a2, a3]);
+    let old = pods(vec![a.clone(), a2.clone()]);
+    let new = pods(vec![a, a2, a3]);
     assert_update(
         &new,
         &old,
@@ -1111,8 +1101,7 @@ fn duplicate_ids_ratchet_by_count() {
 
 #[test]
 fn conditions_ratchet_by_path() {
-    let mut old = object("core.pods", vec![]);
-    old.status.conditions = vec![condition("x", "True", "", "m")];
+    let old = with_condition(condition("x", "True", "", "m"));
     let mut new = old.clone();
     assert_update(&new, &old, &["warn [condition-reason-empty]"]);
     new.status.conditions[0].message.clear();
@@ -1144,11 +1133,8 @@ fn kube_apiserver_periodic_rewrite_is_allowed() {
 
 #[test]
 fn valid_write_has_no_findings() {
-    let sv = agreed(
-        "core.pods",
-        "v1",
-        &["apiserver-a", "apiserver-b", "apiserver-c"],
-    );
+    let ids = ["apiserver-a", "apiserver-b", "apiserver-c"];
+    let sv = agreed("core.pods", "v1", &ids);
     let f = live_facts(&sv);
     assert_eq!(evaluate(&sv, None, &f, &opts()), Evaluation::default());
     assert_eq!(evaluate(&sv, Some(&sv), &f, &opts()), Evaluation::default());
@@ -1157,15 +1143,14 @@ fn valid_write_has_no_findings() {
 #[test]
 fn ratchet_carries_a_violation_over_only_when_its_value_is_unchanged() {
     // Outside entries: a bad condition type stays a warning while unchanged...
-    let mut old = object("core.pods", vec![]);
-    old.status.conditions = vec![condition("bad type!", "True", "r", "m")];
+    let old = with_condition(condition("bad type!", "True", "r", "m"));
     let mut new = old.clone();
     assert_update(&new, &old, &["warn [condition-type-invalid]"]);
     // ...but changing it into another bad value is a new violation.
     new.status.conditions[0].type_ = "other bad!".into();
     assert_update(&new, &old, &["deny [condition-type-invalid]"]);
     // Inside an entry: the same place, another bad version.
-    let old = object("core.pods", vec![entry("a", "v1", &["v1", "x/y/z"], &[])]);
-    let new = object("core.pods", vec![entry("a", "v1", &["v1", "p/q/r"], &[])]);
+    let old = pods(vec![entry("a", "v1", &["v1", "x/y/z"], &[])]);
+    let new = pods(vec![entry("a", "v1", &["v1", "p/q/r"], &[])]);
     assert_update(&new, &old, &["deny [version-invalid] a"]);
 }
