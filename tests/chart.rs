@@ -36,54 +36,19 @@ const RELEASE: &str = "svw";
 const NS: &str = "svw-system";
 /// `<release>-<chart>`: the name of every object of a default install.
 const FULLNAME: &str = "svw-storageversion-webhook";
-const WEBHOOK: &str = "storageversions.svw-storageversion-webhook.svw-system.svc";
 
 // ------------------------------------------------------------------------------- helpers --
 
-/// The pinned helm, with its cache and config kept under the target dir (not $HOME).
-fn helm() -> Command {
-    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
-    let mut cmd = Command::new(bin_dir().join("helm"));
-    cmd.current_dir(repo_root())
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env_remove("KUBECONFIG");
-    cmd
-}
-
-/// helm with the control plane's admin kubeconfig.
-fn helm_on(cp: &ControlPlane) -> Command {
-    let mut cmd = helm();
-    cmd.env("KUBECONFIG", &cp.kubeconfig);
-    cmd
+/// The name of the chart's webhook in its ValidatingWebhookConfiguration.
+fn webhook() -> String {
+    format!("storageversions.{FULLNAME}.{NS}.svc")
 }
 
 fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures/chart").join(name)
 }
 
-use support::ops::run;
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Runs `cmd`; panics with its output unless it succeeds; returns stdout.
-fn ok(cmd: &mut Command, stdin: Option<&str>) -> String {
-    let out = run(cmd, stdin);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}",
-        out.status,
-        text(&out)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::ops::{helm, helm_on, ok, run, text};
 
 /// One way to configure the chart: extra `helm` arguments (values files, --set).
 struct Mode {
@@ -556,7 +521,7 @@ fn default_render_is_hardened_and_least_privilege() {
     let vwc = one(&docs, "ValidatingWebhookConfiguration");
     let hook = &vwc["webhooks"][0];
     assert_eq!(vwc["webhooks"].as_array().unwrap().len(), 1);
-    assert_eq!(hook["name"], WEBHOOK);
+    assert_eq!(hook["name"], webhook());
     assert_eq!(
         hook["rules"],
         json!([{
@@ -1261,9 +1226,11 @@ async fn chart_webhook_configuration_denies_entries_without_a_lease() {
     let message = api_error_text(&denied);
     assert!(
         message.contains(&format!(
-            "admission webhook \"{WEBHOOK}\" denied the request"
+            "admission webhook \"{}\" denied the request",
+            webhook()
         )),
-        "expected a denial by {WEBHOOK}, got: {message:?}; logs:\n{}",
+        "expected a denial by {}, got: {message:?}; logs:\n{}",
+        webhook(),
         hook.logs_text()
     );
     assert!(message.contains("lease-missing"), "{message}");

@@ -28,6 +28,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::Value;
 use support::node::{image, output, text};
+use support::ops::helm_on;
 use support::*;
 
 const CHART: &str = "charts/storageversion-webhook";
@@ -39,18 +40,6 @@ const GROUP: &str = "node.example.com";
 
 fn webhook_name(ns: &str) -> String {
     format!("storageversions.{FULLNAME}.{ns}.svc")
-}
-
-/// The pinned helm, with its cache and config kept under the target dir, on `cp`.
-fn helm(cp: &ControlPlane) -> Command {
-    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
-    let mut cmd = Command::new(bin_dir().join("helm"));
-    cmd.current_dir(repo_root())
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env("KUBECONFIG", &cp.kubeconfig);
-    cmd
 }
 
 /// Runs `cmd`; on failure panics with its output and the node's state; returns stdout.
@@ -439,7 +428,7 @@ async fn chart_runs_on_a_real_node() {
 
     // --- helm-made certificates: install, serve, deny, elect, uninstall.
     let ns = "svw-helm";
-    let mut install = helm(&cp);
+    let mut install = helm_on(&cp);
     install
         .arg("install")
         .args(chart_args(ns, &["--create-namespace"]));
@@ -477,7 +466,7 @@ async fn chart_runs_on_a_real_node() {
     );
     ok(
         &cp,
-        helm(&cp).args([
+        helm_on(&cp).args([
             "uninstall",
             RELEASE,
             "-n",
@@ -505,7 +494,7 @@ async fn chart_runs_on_a_real_node() {
             .arg("--key")
             .arg(&key1),
     );
-    let mut install = helm(&cp);
+    let mut install = helm_on(&cp);
     install.arg("install").args(chart_args(
         ns,
         &[
@@ -646,7 +635,7 @@ async fn chart_runs_on_a_real_node() {
     let pods = ready_pods(&cp, ns, 2).await;
 
     // helm upgrade with a new value: the pods roll, writes keep succeeding.
-    let mut upgrade = helm(&cp);
+    let mut upgrade = helm_on(&cp);
     upgrade.arg("upgrade").args(chart_args(
         ns,
         &["--reuse-values", "--set", "podAnnotations.rolled=yes"],
@@ -667,7 +656,7 @@ async fn chart_runs_on_a_real_node() {
 
     ok(
         &cp,
-        helm(&cp).args([
+        helm_on(&cp).args([
             "uninstall",
             RELEASE,
             "-n",

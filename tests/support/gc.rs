@@ -197,12 +197,18 @@ pub async fn wait_deleted(cp: &ControlPlane, name: &str, deadline: Duration) {
 
 /// A client for `kubeconfig` that impersonates `user` (for RBAC-limited scenarios).
 pub async fn impersonating_client(kubeconfig: &Path, user: &str) -> kube::Client {
+    client_as(kubeconfig, user, None).await
+}
+
+/// A client for `kubeconfig` that impersonates `user` (and `group`, if any).
+async fn client_as(kubeconfig: &Path, user: &str, group: Option<&str>) -> kube::Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let mut config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .expect("kubeconfig config");
     config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = group.map(|g| vec![g.to_string()]);
     config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
     kube::Client::try_from(config).expect("client")
 }
@@ -267,15 +273,7 @@ pub fn kcm_start(cp: &ControlPlane, args: &[&str]) {
 /// A client for `kubeconfig` that acts as `user` in `system:masters` (all rights), so the
 /// apiserver's audit log can tell its requests from the test's own.
 pub async fn counted_client(kubeconfig: &Path, user: &str) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .expect("kubeconfig config");
-    config.auth_info.impersonate = Some(user.to_string());
-    config.auth_info.impersonate_groups = Some(vec!["system:masters".to_string()]);
-    config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
-    kube::Client::try_from(config).expect("client")
+    client_as(kubeconfig, user, Some("system:masters")).await
 }
 
 /// Restarts kube-apiserver writing an audit log (metadata of every request, one line per

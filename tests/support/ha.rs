@@ -20,7 +20,7 @@ use storageversion_webhook::model::{
 };
 use storageversion_webhook::rules::common::set_common_encoding_version;
 
-use super::{repo_root, ControlPlane};
+use super::{controlplane_script, repo_root, run_script_ok, ControlPlane};
 use timeline::{CommonChange, CountSample, Event, ObjectEvent, Segment, Timeline};
 
 /// The two Kubernetes minors of the rolling upgrade.
@@ -332,19 +332,16 @@ pub fn read_ports_env(dir: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The keys of `map` that are not in `present`.
+fn keys_not_in<K: Ord + Clone, V>(map: &BTreeMap<K, V>, present: &BTreeSet<K>) -> Vec<K> {
+    map.keys()
+        .filter(|k| !present.contains(*k))
+        .cloned()
+        .collect()
+}
+
 fn run_script(dir: &Path, args: &[String]) {
-    let out = std::process::Command::new(repo_root().join("tests/controlplane/run"))
-        .args(args)
-        .env("SVW_CP_DIR", dir)
-        .output()
-        .expect("tests/controlplane/run can be started");
-    assert!(
-        out.status.success(),
-        "tests/controlplane/run {args:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_script_ok(&mut controlplane_script(dir, args), args);
 }
 
 // ----------------------------------------------------------------------- recorder --
@@ -654,12 +651,7 @@ fn observe(st: &mut RecState, t: f64, objects: Vec<StorageVersion>, leases: Vec<
     for id in &lease_ids {
         st.lease_open.entry(id.clone()).or_insert(t);
     }
-    let gone: Vec<String> = st
-        .lease_open
-        .keys()
-        .filter(|id| !lease_ids.contains(*id))
-        .cloned()
-        .collect();
+    let gone = keys_not_in(&st.lease_open, &lease_ids);
     for id in gone {
         if let Some(from) = st.lease_open.remove(&id) {
             st.tl.leases.push(Segment {
@@ -749,12 +741,7 @@ fn observe(st: &mut RecState, t: f64, objects: Vec<StorageVersion>, leases: Vec<
             st.last_common.insert(name, None);
         }
     }
-    let closed: Vec<(String, String)> = st
-        .open
-        .keys()
-        .filter(|k| !present.contains(*k))
-        .cloned()
-        .collect();
+    let closed = keys_not_in(&st.open, &present);
     for key in closed {
         if let Some((enc, from)) = st.open.remove(&key) {
             st.tl.segments.push(Segment {

@@ -123,22 +123,32 @@ impl ControlPlaneDir {
     }
 
     fn run_with_env(&self, args: &[&str], env: &[(&str, &str)]) {
-        let mut cmd = Command::new(repo_root().join("tests/controlplane/run"));
-        cmd.args(args)
-            .env("SVW_CP_DIR", &self.0)
-            .env("SVW_CP_OWNER_PID", std::process::id().to_string());
+        let mut cmd = controlplane_script(&self.0, args);
+        cmd.env("SVW_CP_OWNER_PID", std::process::id().to_string());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("tests/controlplane/run can be started");
-        assert!(
-            out.status.success(),
-            "tests/controlplane/run {args:?} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_script_ok(&mut cmd, args);
     }
+}
+
+/// `tests/controlplane/run` with `args` for the control plane in `dir`.
+pub fn controlplane_script<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Command {
+    let mut cmd = Command::new(repo_root().join("tests/controlplane/run"));
+    cmd.args(args).env("SVW_CP_DIR", dir);
+    cmd
+}
+
+/// Runs a [`controlplane_script`] command; on failure panics with its `args` and output.
+pub fn run_script_ok<S: std::fmt::Debug>(cmd: &mut Command, args: &[S]) {
+    let out = cmd.output().expect("tests/controlplane/run can be started");
+    assert!(
+        out.status.success(),
+        "tests/controlplane/run {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A CA and a serving certificate for 127.0.0.1, as PEM files in a temp dir.
