@@ -889,19 +889,12 @@ async fn helm_certificates_survive_upgrade() {
     }
     assert!(key.contains("PRIVATE KEY"));
 
+    let upgrade = |extra: &[&str]| {
+        let args = ["upgrade", RELEASE, CHART, "--namespace", NS];
+        ok(helm_on(&cp).args(args).args(extra), None)
+    };
     // An upgrade that changes something else keeps the certificates exactly.
-    ok(
-        helm_on(&cp).args([
-            "upgrade",
-            RELEASE,
-            CHART,
-            "--namespace",
-            NS,
-            "--set",
-            "replicaCount=3",
-        ]),
-        None,
-    );
+    upgrade(&["--set", "replicaCount=3"]);
     let replicas = deployments.get(FULLNAME).await.expect("Deployment");
     assert_eq!(
         replicas.spec.and_then(|s| s.replicas),
@@ -914,18 +907,7 @@ async fn helm_certificates_survive_upgrade() {
     );
 
     // Within renewBeforeDays of expiry: new certificates; caBundle trusts the new and old CA.
-    ok(
-        helm_on(&cp).args([
-            "upgrade",
-            RELEASE,
-            CHART,
-            "--namespace",
-            NS,
-            "--set",
-            "certificates.helm.renewBeforeDays=36500",
-        ]),
-        None,
-    );
+    upgrade(&["--set", "certificates.helm.renewBeforeDays=36500"]);
     let (ca2, crt2, key2, bundle2) = state().await;
     assert_ne!(ca2, ca);
     assert_ne!(crt2, crt);
@@ -936,17 +918,7 @@ async fn helm_certificates_survive_upgrade() {
 
     // The next upgrade keeps the renewed certificates and drops the old CA. (--reset-values:
     // helm upgrade without values would reuse the last release's renewBeforeDays.)
-    ok(
-        helm_on(&cp).args([
-            "upgrade",
-            RELEASE,
-            CHART,
-            "--namespace",
-            NS,
-            "--reset-values",
-        ]),
-        None,
-    );
+    upgrade(&["--reset-values"]);
     assert_eq!(state().await, (ca2.clone(), crt2, key2, ca2));
 
     ok(
