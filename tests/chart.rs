@@ -26,9 +26,10 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use support::gc::{create_lease, delete_lease};
 use support::*;
 
 const CHART: &str = "charts/storageversion-webhook";
@@ -1008,19 +1009,13 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
     // Garbage collection: an entry whose apiserver's lease is deleted goes away.
     let own = own_apiserver_id(&cp).await;
     let gone = "apiserver-chartrbacgone0000000000";
-    leases(&cp)
-        .create(&PostParams::default(), &live_identity_lease(gone))
-        .await
-        .expect("create identity lease");
+    create_lease(&cp, &live_identity_lease(gone)).await;
     let sv_name = "chart.example.com.widgets";
     create_sv(&cp, sv_name).await;
     put_status(&cp, sv_name, status_for("chart.example.com", &[&own, gone]))
         .await
         .expect("write both entries");
-    leases(&cp)
-        .delete(gone, &Default::default())
-        .await
-        .expect("delete the lease");
+    delete_lease(&cp, gone).await;
     poll_until(
         Duration::from_secs(90),
         "the collector to remove the stale entry",

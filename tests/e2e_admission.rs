@@ -15,6 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, PostParams};
 use storageversion_webhook::leases::{KubeLeaseView, LeaseView};
 use storageversion_webhook::model::LeaseLookup;
+use support::gc::{create_lease, delete_lease};
 use support::*;
 
 const GROUP: &str = "e2e.example.com";
@@ -208,10 +209,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
         msg.contains("lease-not-apiserver"),
         "wrong label not denied: {msg}"
     );
-    leases
-        .delete(id, &DeleteParams::default())
-        .await
-        .expect("delete lease");
+    delete_lease(&cp, id).await;
     drop(wrong_label);
 
     let expired = identity_lease(id, Some("kube-apiserver"), Duration::from_secs(3 * 3600));
@@ -266,10 +264,7 @@ async fn lease_created_just_before_the_write_is_honoured() {
         let name = format!("{GROUP}.widgets{i}");
         let id = format!("apiserver-e2efresh{i:015}");
         create_sv(&cp, &name).await;
-        leases
-            .create(&PostParams::default(), &live_identity_lease(&id))
-            .await
-            .expect("lease");
+        create_lease(&cp, &live_identity_lease(&id)).await;
         let result = put_status(&cp, &name, status_for(GROUP, &[&id])).await;
         assert!(
             result.is_ok(),
@@ -356,10 +351,7 @@ async fn unchanged_stale_entry_only_warns_on(version: Option<&str>) {
     let certs = Certs::generate();
     let live = "apiserver-e2elive00000000000000000";
     let stale = "apiserver-e2estale0000000000000000";
-    leases(&cp)
-        .create(&PostParams::default(), &live_identity_lease(live))
-        .await
-        .expect("lease");
+    create_lease(&cp, &live_identity_lease(live)).await;
     // Stored before the webhook exists: an entry whose server is gone.
     create_sv(&cp, SV_NAME).await;
     put_status(&cp, SV_NAME, status_for(GROUP, &[stale, live]))
@@ -410,10 +402,7 @@ async fn beyond_upstream_rules_deny() {
     let cp = ControlPlane::up().await;
     let certs = Certs::generate();
     let id = "apiserver-e2ebeyond000000000000000";
-    leases(&cp)
-        .create(&PostParams::default(), &live_identity_lease(id))
-        .await
-        .expect("lease");
+    create_lease(&cp, &live_identity_lease(id)).await;
     create_sv(&cp, SV_NAME).await;
     let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
 
@@ -546,17 +535,11 @@ async fn lease_view_follows_the_cluster() {
         let view = &view;
         move || async move { view.cached(id).is_some() == want }
     };
-    leases
-        .create(&PostParams::default(), &live_identity_lease(id))
-        .await
-        .expect("create");
+    create_lease(&cp, &live_identity_lease(id)).await;
     poll_until(Duration::from_secs(10), "created lease in view", seen(true))
         .await
         .expect("create seen");
-    leases
-        .delete(id, &DeleteParams::default())
-        .await
-        .expect("delete");
+    delete_lease(&cp, id).await;
     poll_until(
         Duration::from_secs(10),
         "deleted lease gone from view",

@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::Value;
+use support::gc::{create_lease, delete_lease};
 use support::node::{image, output, text};
 use support::ops::helm_on;
 use support::*;
@@ -556,12 +557,8 @@ async fn chart_runs_on_a_real_node() {
     writer.progress(20, "writes after the rotation").await;
 
     // The leader pod deleted: the other replica takes over and collects a lease deleted later.
-    let leases: Api<Lease> = Api::namespaced(cp.client.clone(), "kube-system");
     let gone_id = "apiserver-nodetest-collected00000";
-    leases
-        .create(&PostParams::default(), &live_identity_lease(gone_id))
-        .await
-        .expect("identity lease");
+    create_lease(&cp, &live_identity_lease(gone_id)).await;
     let collected = "node.example.com.collected";
     create_sv(&cp, collected).await;
     put_status(&cp, collected, status_for(GROUP, &[&own_id, gone_id]))
@@ -580,10 +577,7 @@ async fn chart_runs_on_a_real_node() {
         .expect("delete the leader pod");
     let second = leader(&cp, ns, Some(&first)).await;
     eprintln!("leader {first} deleted; {second} took over");
-    leases
-        .delete(gone_id, &DeleteParams::default())
-        .await
-        .expect("delete the identity lease");
+    delete_lease(&cp, gone_id).await;
     poll_until(
         Duration::from_secs(60),
         "the new leader to collect the deleted lease's entry",
