@@ -97,9 +97,7 @@ async fn own_writes_are_admitted_v1_36() {
 async fn own_writes_are_admitted_on(version: Option<&str>) {
     let _serial = serial().await;
     let cp = up_at(version).await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=deny"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--enforcement=deny"], "Fail").await;
     let own_id = own_apiserver_id(&cp).await;
 
     let (took, written) = restart_and_rewrite(&cp).await;
@@ -175,9 +173,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live_v1_36() {
 async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&str>) {
     let _serial = serial().await;
     let cp = up_at(version).await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
     let status = status_for(GROUP, &[id]);
@@ -256,9 +252,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
 async fn lease_created_just_before_the_write_is_honoured() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     let leases = leases(&cp);
     for i in 0..10 {
         let name = format!("{GROUP}.widgets{i}");
@@ -452,9 +446,7 @@ async fn beyond_upstream_rules_deny() {
 async fn warn_mode_admits_with_a_warning() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=warn", "--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--enforcement=warn", "--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
     let status = status_for(GROUP, &[id]);
@@ -485,9 +477,7 @@ async fn warn_mode_admits_with_a_warning() {
 async fn webhook_down_with_ignore_does_not_block_restart() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let mut hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Ignore").await;
+    let (_certs, mut hook) = registered_webhook(&cp, &["--no-gc"], "Ignore").await;
 
     let (up_took, up_written) = restart_and_rewrite(&cp).await;
     hook.kill();

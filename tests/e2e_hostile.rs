@@ -36,9 +36,7 @@ async fn apiserver_lease_gets(cp: &ControlPlane) -> f64 {
 async fn twenty_thousand_ids_make_a_bounded_number_of_lease_gets_at_the_apiserver() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=deny", "--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--enforcement=deny", "--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
 
     let ids: Vec<String> = (0..20_000).map(|i| format!("hostile-{i:06}")).collect();

@@ -26,8 +26,7 @@ use storageversion_webhook::rules::{self, Code};
 use support::gc::create_lease;
 use support::ops::{self, ok, render, run};
 use support::{
-    live_identity_lease, poll_until, register_webhook, serial, storage_versions, Certs,
-    ControlPlane, Webhook,
+    live_identity_lease, poll_until, registered_webhook, serial, storage_versions, ControlPlane,
 };
 
 /// The rules the policy must cover: no lease lookup, not enforced by kube-apiserver itself.
@@ -386,9 +385,7 @@ async fn policy_and_webhook_agree_and_the_policy_never_denies_apiserver_writes()
     wait_for_probe(&cp, probe_case, false, "the policy to be gone").await;
 
     // 2. The webhook alone.
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     wait_for_probe(&cp, probe_case, true, "the webhook to be called").await;
     let mut by_webhook = Vec::new();
     for case in &cases {

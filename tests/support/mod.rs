@@ -151,6 +151,19 @@ pub fn run_script_ok<S: std::fmt::Debug>(cmd: &mut Command, args: &[S]) {
     );
 }
 
+/// Starts `serve` with `extra` arguments and registers it as `cp`'s webhook with
+/// `failure_policy`. Keep the certificates while the webhook runs (`let (_certs, hook)`).
+pub async fn registered_webhook(
+    cp: &ControlPlane,
+    extra: &[&str],
+    failure_policy: &str,
+) -> (Certs, Webhook) {
+    let certs = Certs::generate();
+    let hook = Webhook::start(cp, &certs, extra).await;
+    register_webhook(cp, &hook.url(), &certs.ca_pem, failure_policy).await;
+    (certs, hook)
+}
+
 /// A CA and a serving certificate for 127.0.0.1, as PEM files in a temp dir.
 pub struct Certs {
     pub dir: tempfile::TempDir,
