@@ -73,30 +73,44 @@ async fn restart_and_rewrite(cp: &ControlPlane) -> (Duration, usize) {
 }
 
 /// A control plane on the current kube-apiserver, or on `version` (e.g. "1.36").
-async fn up_at(version: Option<&str>) -> ControlPlane {
-    match version {
+/// Holds the serial lock and starts a control plane of kube-apiserver `version` (the current one
+/// for `None`). Bind as `let (_serial, cp)`: the control plane stops before the lock is released.
+async fn up_at(version: Option<&str>) -> (tokio::sync::MutexGuard<'static, ()>, ControlPlane) {
+    let serial = serial().await;
+    let cp = match version {
         Some(v) => ControlPlane::up_with(&["--version", v]).await,
         None => ControlPlane::up().await,
-    }
+    };
+    (serial, cp)
 }
+
+/// Declares the test `$latest` (the current kube-apiserver) and `$v1_36` (kube-apiserver 1.36,
+/// the version matrix of docs/ha-upgrade.md), both running `$scenario(version)`.
+macro_rules! on_each_version {
+    ($latest:ident, $v1_36:ident, $scenario:ident) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $latest() {
+            $scenario(None).await
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $v1_36() {
+            $scenario(Some("1.36")).await
+        }
+    };
+}
+
+on_each_version!(
+    own_writes_are_admitted,
+    own_writes_are_admitted_v1_36,
+    own_writes_are_admitted_on
+);
 
 /// Test 1: kube-apiserver restarted with the webhook registered in deny mode (fail closed):
 /// every StorageVersion it writes is admitted, including entries judged by the live-lease rule
 /// against its own identity lease.
-#[tokio::test(flavor = "multi_thread")]
-async fn own_writes_are_admitted() {
-    own_writes_are_admitted_on(None).await
-}
-
-/// Test 1 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
-#[tokio::test(flavor = "multi_thread")]
-async fn own_writes_are_admitted_v1_36() {
-    own_writes_are_admitted_on(Some("1.36")).await
-}
-
 async fn own_writes_are_admitted_on(version: Option<&str>) {
-    let _serial = serial().await;
-    let cp = up_at(version).await;
+    let (_serial, cp) = up_at(version).await;
     let (_certs, hook) = registered_webhook(&cp, &["--enforcement=deny"], "Fail").await;
     let own_id = own_apiserver_id(&cp).await;
 
@@ -105,26 +119,10 @@ async fn own_writes_are_admitted_on(version: Option<&str>) {
     assert!(written > 30, "only {written} StorageVersions after restart");
 
     let metrics = hook.metrics().await;
-    let reviews = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_reviews_total",
-        &[],
-    );
-    let denied = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_reviews_total",
-        &["verdict=\"denied\""],
-    );
-    let creates = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_reviews_total",
-        &["operation=\"CREATE\""],
-    );
-    let lease_findings = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_findings_total",
-        &["code=\"lease-"],
-    );
+    let reviews = reviews_total(&metrics, &[]);
+    let denied = reviews_total(&metrics, &["verdict=\"denied\""]);
+    let creates = reviews_total(&metrics, &["operation=\"CREATE\""]);
+    let lease_findings = findings_total(&metrics, &["code=\"lease-"]);
     eprintln!("reviews {reviews}, creates {creates}, denied {denied}");
     assert_eq!(
         denied, 0.0,
@@ -157,22 +155,16 @@ async fn own_writes_are_admitted_on(version: Option<&str>) {
     }
 }
 
+on_each_version!(
+    stale_entries_are_denied_until_the_lease_is_live,
+    stale_entries_are_denied_until_the_lease_is_live_v1_36,
+    stale_entries_are_denied_until_the_lease_is_live_on
+);
+
 /// Test 2: a status write adding an entry for an apiServerID with no lease, a lease of the wrong
 /// label, or an expired lease is denied, naming the webhook and the rule; renewed, it is admitted.
-#[tokio::test(flavor = "multi_thread")]
-async fn stale_entries_are_denied_until_the_lease_is_live() {
-    stale_entries_are_denied_until_the_lease_is_live_on(None).await
-}
-
-/// Test 2 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
-#[tokio::test(flavor = "multi_thread")]
-async fn stale_entries_are_denied_until_the_lease_is_live_v1_36() {
-    stale_entries_are_denied_until_the_lease_is_live_on(Some("1.36")).await
-}
-
 async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&str>) {
-    let _serial = serial().await;
-    let cp = up_at(version).await;
+    let (_serial, cp) = up_at(version).await;
     let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
@@ -236,9 +228,8 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
     let metrics = hook.metrics().await;
     for code in ["lease-missing", "lease-not-apiserver", "lease-expired"] {
         assert_eq!(
-            metric_sum(
+            findings_total(
                 &metrics,
-                "storageversion_webhook_admission_findings_total",
                 &[&format!("code=\"{code}\""), "severity=\"deny\""]
             ),
             1.0,
@@ -267,16 +258,8 @@ async fn lease_created_just_before_the_write_is_honoured() {
         );
     }
     let metrics = hook.metrics().await;
-    let live = metric_sum(
-        &metrics,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"live_found\""],
-    );
-    let hits = metric_sum(
-        &metrics,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"cache_hit\""],
-    );
+    let live = lease_lookups_total(&metrics, &["result=\"live_found\""]);
+    let hits = lease_lookups_total(&metrics, &["result=\"cache_hit\""]);
     eprintln!("fresh leases: {live} live lookups, {hits} cache hits");
     assert_eq!(
         live + hits,
@@ -309,16 +292,8 @@ async fn lease_created_just_before_the_write_is_honoured() {
         "fresh lease not found live: {found:?}"
     );
     let text = storageversion_webhook::metrics::encode(&registry);
-    let live = metric_sum(
-        &text,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"live_found\""],
-    );
-    let hits = metric_sum(
-        &text,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"cache_hit\""],
-    );
+    let live = lease_lookups_total(&text, &["result=\"live_found\""]);
+    let hits = lease_lookups_total(&text, &["result=\"cache_hit\""]);
     assert_eq!(
         (live, hits),
         (1.0, 0.0),
@@ -326,22 +301,16 @@ async fn lease_created_just_before_the_write_is_honoured() {
     );
 }
 
+on_each_version!(
+    unchanged_stale_entry_only_warns,
+    unchanged_stale_entry_only_warns_v1_36,
+    unchanged_stale_entry_only_warns_on
+);
+
 /// Test 4: with one stale entry stored, a write that changes only another entry is admitted and
 /// the client receives our warning.
-#[tokio::test(flavor = "multi_thread")]
-async fn unchanged_stale_entry_only_warns() {
-    unchanged_stale_entry_only_warns_on(None).await
-}
-
-/// Test 4 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
-#[tokio::test(flavor = "multi_thread")]
-async fn unchanged_stale_entry_only_warns_v1_36() {
-    unchanged_stale_entry_only_warns_on(Some("1.36")).await
-}
-
 async fn unchanged_stale_entry_only_warns_on(version: Option<&str>) {
-    let _serial = serial().await;
-    let cp = up_at(version).await;
+    let (_serial, cp) = up_at(version).await;
     let certs = Certs::generate();
     let live = "apiserver-e2elive00000000000000000";
     let stale = "apiserver-e2estale0000000000000000";
@@ -461,11 +430,7 @@ async fn warn_mode_admits_with_a_warning() {
     assert!(sv.entry(id).is_some(), "the write did not land");
     let metrics = hook.metrics().await;
     assert_eq!(
-        metric_sum(
-            &metrics,
-            "storageversion_webhook_admission_reviews_total",
-            &["verdict=\"warned\""]
-        ),
+        reviews_total(&metrics, &["verdict=\"warned\""]),
         1.0,
         "{metrics}"
     );

@@ -869,11 +869,7 @@ async fn deny_webhook_never_blocks_gc_writes() {
     create_lease(&cp, &live_identity_lease(gone)).await;
     seed_widgets_in(&cp, "e2ea.example.com", &[gone, live]).await;
     seed_widgets_in(&cp, "e2eb.example.com", &[live, gone]).await;
-    let reviews_before = metric_sum(
-        &hook.metrics().await,
-        "storageversion_webhook_admission_reviews_total",
-        &["subresource=\"status\""],
-    );
+    let reviews_before = reviews_total(&hook.metrics().await, &["subresource=\"status\""]);
 
     let mut args = test_gc_args("svw-gc-deny");
     args.gc_lease_deletion_grace = Duration::from_secs(1);
@@ -882,16 +878,8 @@ async fn deny_webhook_never_blocks_gc_writes() {
     wait_entries(&cp, "e2ea.example.com.widgets", &[live], MINUTE).await;
     wait_entries(&cp, "e2eb.example.com.widgets", &[live], MINUTE).await;
     let m = hook.metrics().await;
-    let reviews = metric_sum(
-        &m,
-        "storageversion_webhook_admission_reviews_total",
-        &["subresource=\"status\""],
-    );
-    let denied = metric_sum(
-        &m,
-        "storageversion_webhook_admission_reviews_total",
-        &["verdict=\"denied\""],
-    );
+    let reviews = reviews_total(&m, &["subresource=\"status\""]);
+    let denied = reviews_total(&m, &["verdict=\"denied\""]);
     assert!(
         reviews >= reviews_before + 2.0,
         "the GC's writes did not reach the webhook:\n{m}"

@@ -64,12 +64,8 @@ async fn twenty_thousand_ids_make_a_bounded_number_of_lease_gets_at_the_apiserve
     );
 
     let metrics = hook.metrics().await;
-    let webhook_live = metric_sum(&metrics, "storageversion_webhook_lease_lookups_total", &[])
-        - metric_sum(
-            &metrics,
-            "storageversion_webhook_lease_lookups_total",
-            &["result=\"cache_hit\""],
-        );
+    let webhook_live = lease_lookups_total(&metrics, &[])
+        - lease_lookups_total(&metrics, &["result=\"cache_hit\""]);
     eprintln!(
         "lease GETs at kube-apiserver: {} (webhook live lookups {webhook_live})",
         gets_after - gets_before

@@ -603,11 +603,7 @@ async fn leaving_and_crashing_apiservers() {
     }
     let m = hook.metrics().await;
     assert_eq!(
-        metric_sum(
-            &m,
-            "storageversion_webhook_admission_reviews_total",
-            &["verdict=\"denied\""]
-        ),
+        reviews_total(&m, &["verdict=\"denied\""]),
         0.0,
         "denials:\n{m}"
     );

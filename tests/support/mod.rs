@@ -151,6 +151,33 @@ pub fn run_script_ok<S: std::fmt::Debug>(cmd: &mut Command, args: &[S]) {
     );
 }
 
+/// `storageversion_webhook_admission_reviews_total` with `labels`, summed, in `metrics`.
+pub fn reviews_total(metrics: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        "storageversion_webhook_admission_reviews_total",
+        labels,
+    )
+}
+
+/// `storageversion_webhook_admission_findings_total` with `labels`, summed, in `metrics`.
+pub fn findings_total(metrics: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        "storageversion_webhook_admission_findings_total",
+        labels,
+    )
+}
+
+/// `storageversion_webhook_lease_lookups_total` with `labels`, summed, in `metrics`.
+pub fn lease_lookups_total(metrics: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        "storageversion_webhook_lease_lookups_total",
+        labels,
+    )
+}
+
 /// Starts `serve` with `extra` arguments and registers it as `cp`'s webhook with
 /// `failure_policy`. Keep the certificates while the webhook runs (`let (_certs, hook)`).
 pub async fn registered_webhook(
