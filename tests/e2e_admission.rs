@@ -84,6 +84,33 @@ async fn up_at(version: Option<&str>) -> (tokio::sync::MutexGuard<'static, ()>, 
     (serial, cp)
 }
 
+/// A lease view of its own (and the registry of its metrics) on `cp`, synced.
+async fn synced_lease_view(
+    cp: &ControlPlane,
+) -> (
+    prometheus_client::registry::Registry,
+    std::sync::Arc<KubeLeaseView>,
+) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
+    let view = KubeLeaseView::spawn(cp.client.clone(), metrics, Duration::from_secs(60));
+    poll_until(Duration::from_secs(30), "lease view to sync", || async {
+        view.is_ready()
+    })
+    .await
+    .expect("sync");
+    (registry, view)
+}
+
+/// Waits up to 10 s until `view` holds `id` (`want`) or does not.
+async fn wait_cached(view: &KubeLeaseView, id: &str, want: bool, what: &str) {
+    poll_until(Duration::from_secs(10), what, || async {
+        view.cached(id).is_some() == want
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// Declares the test `$latest` (the current kube-apiserver) and `$v1_36` (kube-apiserver 1.36,
 /// the version matrix of docs/ha-upgrade.md), both running `$scenario(version)`.
 macro_rules! on_each_version {
@@ -100,11 +127,8 @@ macro_rules! on_each_version {
     };
 }
 
-on_each_version!(
-    own_writes_are_admitted,
-    own_writes_are_admitted_v1_36,
-    own_writes_are_admitted_on
-);
+#[rustfmt::skip]
+on_each_version! { own_writes_are_admitted, own_writes_are_admitted_v1_36, own_writes_are_admitted_on }
 
 /// Test 1: kube-apiserver restarted with the webhook registered in deny mode (fail closed):
 /// every StorageVersion it writes is admitted, including entries judged by the live-lease rule
@@ -155,11 +179,8 @@ async fn own_writes_are_admitted_on(version: Option<&str>) {
     }
 }
 
-on_each_version!(
-    stale_entries_are_denied_until_the_lease_is_live,
-    stale_entries_are_denied_until_the_lease_is_live_v1_36,
-    stale_entries_are_denied_until_the_lease_is_live_on
-);
+#[rustfmt::skip]
+on_each_version! { stale_entries_are_denied_until_the_lease_is_live, stale_entries_are_denied_until_the_lease_is_live_v1_36, stale_entries_are_denied_until_the_lease_is_live_on }
 
 /// Test 2: a status write adding an entry for an apiServerID with no lease, a lease of the wrong
 /// label, or an expired lease is denied, naming the webhook and the rule; renewed, it is admitted.
@@ -187,11 +208,8 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
     );
 
     let leases = leases(&cp);
-    let mut wrong_label = identity_lease(id, Some("kube-controller-manager"), Duration::ZERO);
-    wrong_label = leases
-        .create(&PostParams::default(), &wrong_label)
-        .await
-        .expect("lease");
+    let wrong_label = identity_lease(id, Some("kube-controller-manager"), Duration::ZERO);
+    create_lease(&cp, &wrong_label).await;
     let msg = api_error_text(&put_status(&cp, SV_NAME, status.clone()).await);
     assert!(
         msg.contains("lease-not-apiserver"),
@@ -201,10 +219,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
     drop(wrong_label);
 
     let expired = identity_lease(id, Some("kube-apiserver"), Duration::from_secs(3 * 3600));
-    leases
-        .create(&PostParams::default(), &expired)
-        .await
-        .expect("lease");
+    create_lease(&cp, &expired).await;
     let msg = api_error_text(&put_status(&cp, SV_NAME, status.clone()).await);
     assert!(
         msg.contains("lease-expired"),
@@ -241,8 +256,7 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
 /// Test 3: a lease created an instant before the write is honoured (the live fallback).
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_created_just_before_the_write_is_honoured() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let (_serial, cp) = up_at(None).await;
     let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     let leases = leases(&cp);
     for i in 0..10 {
@@ -270,14 +284,7 @@ async fn lease_created_just_before_the_write_is_honoured() {
     // The watch usually wins the race above, so show the live fallback directly and
     // deterministically: a lease the watch cache cannot hold (its label is missing, and the watch
     // selects on it) is still found, by a live GET, and judged for what it is.
-    let mut registry = prometheus_client::registry::Registry::default();
-    let view_metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
-    let view = KubeLeaseView::spawn(cp.client.clone(), view_metrics, Duration::from_secs(60));
-    poll_until(Duration::from_secs(30), "lease view to sync", || async {
-        view.is_ready()
-    })
-    .await
-    .expect("sync");
+    let (registry, view) = synced_lease_view(&cp).await;
     let id = "apiserver-e2einstant0000000000000";
     leases
         .create(
@@ -301,11 +308,8 @@ async fn lease_created_just_before_the_write_is_honoured() {
     );
 }
 
-on_each_version!(
-    unchanged_stale_entry_only_warns,
-    unchanged_stale_entry_only_warns_v1_36,
-    unchanged_stale_entry_only_warns_on
-);
+#[rustfmt::skip]
+on_each_version! { unchanged_stale_entry_only_warns, unchanged_stale_entry_only_warns_v1_36, unchanged_stale_entry_only_warns_on }
 
 /// Test 4: with one stale entry stored, a write that changes only another entry is admitted and
 /// the client receives our warning.
@@ -361,8 +365,7 @@ async fn unchanged_stale_entry_only_warns_on(version: Option<&str>) {
 /// Test 5: writes that upstream validation accepts but our beyond-upstream rules reject.
 #[tokio::test(flavor = "multi_thread")]
 async fn beyond_upstream_rules_deny() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let (_serial, cp) = up_at(None).await;
     let certs = Certs::generate();
     let id = "apiserver-e2ebeyond000000000000000";
     create_lease(&cp, &live_identity_lease(id)).await;
@@ -413,8 +416,7 @@ async fn beyond_upstream_rules_deny() {
 /// Test 6: warn mode admits the write of test 2 and the warning reaches the client.
 #[tokio::test(flavor = "multi_thread")]
 async fn warn_mode_admits_with_a_warning() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let (_serial, cp) = up_at(None).await;
     let (_certs, hook) = registered_webhook(&cp, &["--enforcement=warn", "--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
@@ -440,8 +442,7 @@ async fn warn_mode_admits_with_a_warning() {
 /// finishes its storage version updates. Prints both restart times.
 #[tokio::test(flavor = "multi_thread")]
 async fn webhook_down_with_ignore_does_not_block_restart() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let (_serial, cp) = up_at(None).await;
     let (_certs, mut hook) = registered_webhook(&cp, &["--no-gc"], "Ignore").await;
 
     let (up_took, up_written) = restart_and_rewrite(&cp).await;
@@ -471,52 +472,23 @@ async fn webhook_down_with_ignore_does_not_block_restart() {
 /// within a bounded time, from the cache.
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_view_follows_the_cluster() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
-    let view = KubeLeaseView::spawn(cp.client.clone(), metrics, Duration::from_secs(60));
-    poll_until(Duration::from_secs(30), "lease view to sync", || async {
-        view.is_ready()
-    })
-    .await
-    .expect("sync");
+    let (_serial, cp) = up_at(None).await;
+    let (_registry, view) = synced_lease_view(&cp).await;
     let own = own_apiserver_id(&cp).await;
     assert!(view.cached(&own).is_some(), "the initial list missed {own}");
 
     let id = "apiserver-e2eview000000000000000";
     let leases = leases(&cp);
-    let seen = |want: bool| {
-        let view = &view;
-        move || async move { view.cached(id).is_some() == want }
-    };
     create_lease(&cp, &live_identity_lease(id)).await;
-    poll_until(Duration::from_secs(10), "created lease in view", seen(true))
-        .await
-        .expect("create seen");
+    wait_cached(&view, id, true, "created lease in view").await;
     delete_lease(&cp, id).await;
-    poll_until(
-        Duration::from_secs(10),
-        "deleted lease gone from view",
-        seen(false),
-    )
-    .await
-    .expect("delete seen");
+    wait_cached(&view, id, false, "deleted lease gone from view").await;
     // While deleted, a lookup says NotFound (confirmed live).
     assert_eq!(view.lookup(id).await, LeaseLookup::NotFound);
 
     let old = identity_lease(id, Some("kube-apiserver"), Duration::from_secs(600));
-    leases
-        .create(&PostParams::default(), &old)
-        .await
-        .expect("re-create");
-    poll_until(
-        Duration::from_secs(10),
-        "re-created lease in view",
-        seen(true),
-    )
-    .await
-    .expect("re-create seen");
+    create_lease(&cp, &old).await;
+    wait_cached(&view, id, true, "re-created lease in view").await;
     let before = view
         .cached(id)
         .and_then(|r| r.renew_time)
