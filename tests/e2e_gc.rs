@@ -70,6 +70,15 @@ async fn names_with_entry_of(cp: &ControlPlane, own: &str) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that a delete failed with 409 Conflict; `what` says which.
+#[track_caller]
+fn assert_conflict<T: std::fmt::Debug>(result: Result<T, kube::Error>, what: &str) {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        other => panic!("{what}: expected 409 Conflict, got {other:?}"),
+    }
+}
+
 fn id_list(ids: &[&str]) -> Vec<String> {
     ids.iter().map(|s| s.to_string()).collect()
 }
@@ -394,12 +403,7 @@ async fn live_apiserver_entries_survive_lease_deletion_and_restart() {
         "the GC did not notice the restart:\n{}",
         gc.metrics()
     );
-    assert_eq!(
-        gc.metric("writes_total", &[]),
-        0.0,
-        "the GC wrote:\n{}",
-        gc.metrics()
-    );
+    gc.assert_no_writes();
     gc.stop().await;
 }
 
@@ -485,7 +489,7 @@ async fn lookup_errors_never_remove_entries() {
         id_list(&[l1, l2]),
         "an entry went on a lookup error"
     );
-    assert_eq!(gc.metric("writes_total", &[]), 0.0);
+    gc.assert_no_writes();
 
     // The lookup works again: NotFound is evidence, the entry goes.
     kubectl_apply(&cp, &lease_role(&[l1, l2]));
@@ -511,13 +515,9 @@ async fn deletes_carry_preconditions() {
     put_status(&cp, NAME, status_for("e2e.example.com", &[gone, live]))
         .await
         .expect("re-add");
-    let err = api
-        .delete(NAME, &delete_params(&read))
-        .await
-        .expect_err("a stale delete must fail");
-    assert!(
-        matches!(&err, kube::Error::Api(s) if s.code == 409),
-        "expected 409 Conflict, got {err}"
+    assert_conflict(
+        api.delete(NAME, &delete_params(&read)).await,
+        "a stale delete must fail",
     );
     assert_eq!(
         ids(&get_sv(&cp, NAME).await.expect("kept")),
@@ -533,13 +533,9 @@ async fn deletes_carry_preconditions() {
     seed_sv(&cp, NAME, status_for("e2e.example.com", &[live])).await;
     let mut stale = old.clone();
     stale.metadata.resource_version = None;
-    let err = api
-        .delete(NAME, &delete_params(&stale))
-        .await
-        .expect_err("a delete of the old uid must fail");
-    assert!(
-        matches!(&err, kube::Error::Api(s) if s.code == 409),
-        "{err}"
+    assert_conflict(
+        api.delete(NAME, &delete_params(&stale)).await,
+        "a delete of the old uid must fail",
     );
     assert!(get_sv(&cp, NAME).await.is_some());
 
@@ -650,7 +646,7 @@ async fn dry_run_writes_nothing() {
             seeded.metadata.resource_version
         );
     }
-    assert_eq!(gc.metric("writes_total", &[]), 0.0);
+    gc.assert_no_writes();
     assert!(events_about(&cp, a.name()).await.is_empty());
     gc.stop().await;
 }

@@ -63,6 +63,17 @@ impl InProcessGc {
     }
 
     /// Sum of a `storageversion_webhook_gc_<name>` metric over the lines with all `labels`.
+    /// Asserts that the collector has written nothing (status updates and deletes).
+    #[track_caller]
+    pub fn assert_no_writes(&self) {
+        assert_eq!(
+            self.metric("writes_total", &[]),
+            0.0,
+            "the GC wrote:\n{}",
+            self.metrics()
+        );
+    }
+
     pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         metric_sum(
             &self.metrics(),
