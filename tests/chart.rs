@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use support::gc::{create_lease, delete_lease};
+use support::gc::{create_lease, delete_lease, wait_collected};
 use support::*;
 
 const CHART: &str = "charts/storageversion-webhook";
@@ -1016,18 +1016,10 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         .await
         .expect("write both entries");
     delete_lease(&cp, gone).await;
-    poll_until(
-        Duration::from_secs(90),
-        "the collector to remove the stale entry",
-        || async {
-            storage_versions(&cp)
-                .get(sv_name)
-                .await
-                .is_ok_and(|sv| sv.entry(gone).is_none() && sv.entry(&own).is_some())
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    // The collector removes the stale entry.
+    wait_collected(&cp, sv_name, gone, &own, Duration::from_secs(90))
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
     poll_until(
         Duration::from_secs(30),
         "an Event about the collected StorageVersion",

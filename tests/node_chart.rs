@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::Value;
-use support::gc::{create_lease, delete_lease};
+use support::gc::{create_lease, delete_lease, wait_collected};
 use support::node::{image, output, text};
 use support::ops::helm_on;
 use support::*;
@@ -355,6 +355,21 @@ fn leftovers(cp: &ControlPlane, ns: &str, keep: &[&str]) -> Vec<String> {
     left
 }
 
+/// `helm uninstall` (waiting up to 120 s), then [`uninstalled`].
+async fn uninstall(cp: &ControlPlane, ns: &str, keep: &[&str]) {
+    let args = [
+        "uninstall",
+        RELEASE,
+        "-n",
+        ns,
+        "--wait",
+        "--timeout",
+        "120s",
+    ];
+    ok(cp, helm_on(cp).args(args));
+    uninstalled(cp, ns, keep).await;
+}
+
 /// After `helm uninstall`: nothing of the release is left once its pods have terminated. The
 /// garbage collector's leader Lease is made by the pods, not by Helm, and stays (a known gap,
 /// docs/node.md): it is listed here so that anything else left fails the test.
@@ -465,19 +480,7 @@ async fn chart_runs_on_a_real_node() {
             .any(|(name, _)| holder.starts_with(name.as_str())),
         "leader {holder} is none of the pods {pods:?}"
     );
-    ok(
-        &cp,
-        helm_on(&cp).args([
-            "uninstall",
-            RELEASE,
-            "-n",
-            ns,
-            "--wait",
-            "--timeout",
-            "120s",
-        ]),
-    );
-    uninstalled(&cp, ns, &[]).await;
+    uninstall(&cp, ns, &[]).await;
     eprintln!("helm mode done after {:?}", t0.elapsed());
 
     // --- an existing Secret, with writes going on throughout.
@@ -578,22 +581,10 @@ async fn chart_runs_on_a_real_node() {
     let second = leader(&cp, ns, Some(&first)).await;
     eprintln!("leader {first} deleted; {second} took over");
     delete_lease(&cp, gone_id).await;
-    poll_until(
-        Duration::from_secs(60),
-        "the new leader to collect the deleted lease's entry",
-        || async {
-            storage_versions(&cp)
-                .get(collected)
-                .await
-                .ok()
-                .and_then(|s| serde_json::to_value(s.status).ok())
-                .is_some_and(|st| {
-                    !st.to_string().contains(gone_id) && st.to_string().contains(&own_id)
-                })
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cp)));
+    // The new leader collects the deleted lease's entry.
+    wait_collected(&cp, collected, gone_id, &own_id, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cp)));
     let pods = ready_pods(&cp, ns, 2).await;
 
     // The PodDisruptionBudget (maxUnavailable 1) is computed by the real disruption controller
@@ -648,18 +639,6 @@ async fn chart_runs_on_a_real_node() {
     );
     assert!(failures.is_empty(), "writes failed: {failures:?}");
 
-    ok(
-        &cp,
-        helm_on(&cp).args([
-            "uninstall",
-            RELEASE,
-            "-n",
-            ns,
-            "--wait",
-            "--timeout",
-            "120s",
-        ]),
-    );
-    uninstalled(&cp, ns, &["secret/svw-serving"]).await;
+    uninstall(&cp, ns, &["secret/svw-serving"]).await;
     eprintln!("done after {:?}", t0.elapsed());
 }

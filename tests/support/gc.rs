@@ -193,6 +193,24 @@ pub async fn wait_entries(
     }
 }
 
+/// Polls until the StorageVersion `name` has no entry for `gone` and one for `kept`, for at
+/// most `deadline`; the error says what was awaited.
+pub async fn wait_collected(
+    cp: &ControlPlane,
+    name: &str,
+    gone: &str,
+    kept: &str,
+    deadline: Duration,
+) -> Result<(), String> {
+    let what = format!("{name} to lose the entry of {gone} and keep {kept}'s");
+    poll_until(deadline, &what, || async {
+        get_sv_opt(cp, name)
+            .await
+            .is_some_and(|sv| sv.entry(gone).is_none() && sv.entry(kept).is_some())
+    })
+    .await
+}
+
 async fn get_sv_opt(cp: &ControlPlane, name: &str) -> Option<StorageVersion> {
     storage_versions(cp).get_opt(name).await.ok().flatten()
 }
