@@ -521,6 +521,18 @@ impl Recorder {
 
     /// Waits (polling the recorder's own listings) until `cond` holds for a snapshot taken
     /// after this call; returns it, or the last one seen with the error.
+    /// Waits up to 90 s until no object has an entry of apiserver `index`; returns that
+    /// snapshot.
+    pub async fn wait_entries_gone(&self, index: usize) -> Snapshot {
+        self.wait_for(
+            &format!("apiserver {index}'s entries to go"),
+            Duration::from_secs(90),
+            |s| s.objects.keys().all(|n| !s.entries_of(n).contains(&index)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     pub async fn wait_for<F>(
         &self,
         what: &str,
@@ -790,6 +802,11 @@ pub struct Loss {
 }
 
 /// Every gap in an (object, apiserver) entry after its first appearance.
+/// The StorageVersion deletions in `tl`.
+pub fn deletions(tl: &Timeline) -> Vec<&ObjectEvent> {
+    tl.objects.iter().filter(|o| o.what == "deleted").collect()
+}
+
 pub fn losses(tl: &Timeline) -> Vec<Loss> {
     let mut by_key: BTreeMap<(&str, &str), Vec<&Segment>> = BTreeMap::new();
     for s in &tl.segments {
