@@ -355,14 +355,20 @@ fn rules(md: &mut String, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn writes(
-    md: &mut String,
-    goals: &mut Vec<(String, String, bool)>,
-    rows: &[Value],
-) -> anyhow::Result<()> {
-    writeln!(md, "## 3. Through kube-apiserver\n")?;
+/// Each goal: what it asks, what was measured, whether it is met.
+type Goals = Vec<(String, String, bool)>;
+
+/// Writes a section's heading; with no `rows`, also "No results." and returns false.
+fn heading(md: &mut String, title: &str, rows: &[Value]) -> anyhow::Result<bool> {
+    writeln!(md, "{title}\n")?;
     if rows.is_empty() {
         writeln!(md, "No results.\n")?;
+    }
+    Ok(!rows.is_empty())
+}
+
+fn writes(md: &mut String, goals: &mut Goals, rows: &[Value]) -> anyhow::Result<()> {
+    if !heading(md, "## 3. Through kube-apiserver", rows)? {
         return Ok(());
     }
     writeln!(md, "`PUT .../storageversions/<name>/status` of a StorageVersion with three entries (each write \
@@ -409,13 +415,11 @@ fn writes(
 
 fn gc(
     md: &mut String,
-    goals: &mut Vec<(String, String, bool)>,
+    goals: &mut Goals,
     rows: &[Value],
     env: &BTreeMap<String, String>,
 ) -> anyhow::Result<()> {
-    writeln!(md, "## 4. Garbage collection versus upstream\n")?;
-    if rows.is_empty() {
-        writeln!(md, "No results.\n")?;
+    if !heading(md, "## 4. Garbage collection versus upstream", rows)? {
         return Ok(());
     }
     writeln!(md, "Three identity leases; {} StorageVersions, each with an entry of all three \
@@ -524,14 +528,8 @@ fn gc(
     Ok(())
 }
 
-fn startup(
-    md: &mut String,
-    goals: &mut Vec<(String, String, bool)>,
-    rows: &[Value],
-) -> anyhow::Result<()> {
-    writeln!(md, "## 5. Memory and start-up\n")?;
-    if rows.is_empty() {
-        writeln!(md, "No results.\n")?;
+fn startup(md: &mut String, goals: &mut Goals, rows: &[Value]) -> anyhow::Result<()> {
+    if !heading(md, "## 5. Memory and start-up", rows)? {
         return Ok(());
     }
     writeln!(
