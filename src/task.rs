@@ -1,23 +1,16 @@
 //! Background tasks owned by a handle: stopped with a bound on the wait.
 
-use std::future::Future;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
 /// Waits up to `limit` for `task` (already told to stop) to finish, then aborts it with a
 /// warning naming `what`. Does nothing when there is no task (a disabled component).
-pub fn join_within(
-    task: Option<JoinHandle<()>>,
-    limit: Duration,
-    what: &'static str,
-) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        let Some(mut task) = task else { return };
-        if tokio::time::timeout(limit, &mut task).await.is_err() {
-            tracing::warn!("{what} did not stop within {limit:?}");
-            task.abort();
-        }
+pub async fn join_within(task: Option<JoinHandle<()>>, limit: Duration, what: &'static str) {
+    let Some(mut task) = task else { return };
+    if tokio::time::timeout(limit, &mut task).await.is_err() {
+        tracing::warn!("{what} did not stop within {limit:?}");
+        task.abort();
     }
 }
 

@@ -28,10 +28,15 @@ const WIDGETS: &str = "e2e.example.com.widgets";
 async fn cluster_with_leases(ids: &[&str]) -> (tokio::sync::MutexGuard<'static, ()>, ControlPlane) {
     let serial = serial().await;
     let cp = ControlPlane::up().await;
-    for id in ids {
-        create_lease(&cp, &live_identity_lease(id)).await;
-    }
+    create_live_leases(&cp, ids).await;
     (serial, cp)
+}
+
+/// Creates a live identity lease for each of `ids`.
+async fn create_live_leases(cp: &ControlPlane, ids: &[&str]) {
+    for id in ids {
+        create_lease(cp, &live_identity_lease(id)).await;
+    }
 }
 
 /// Seeds [`WIDGETS`] with an entry for each of `ids` (group `e2e.example.com`).
@@ -340,8 +345,10 @@ fn assert_own_entries(svs: &[StorageVersion], baseline: &[String], own: &str) {
 async fn live_apiserver_entries_survive_lease_deletion_and_restart() {
     let x = "apiserver-e2efakex00000000000000000";
     let y = "apiserver-e2efakey00000000000000000";
-    let (_serial, cp) = cluster_with_leases(&[x, y]).await;
+    let (_serial, cp) = cluster_with_leases(&[]).await;
+    // Before the fake leases: they carry the kube-apiserver identity label too.
     let own = own_apiserver_id(&cp).await;
+    create_live_leases(&cp, &[x, y]).await;
     seed_widgets(&cp, &[x, y]).await;
     let baseline = names_with_entry_of(&cp, &own).await;
     assert!(baseline.len() > 30, "only {} objects", baseline.len());
@@ -798,8 +805,10 @@ async fn serve_replicas_elect_one_collector() {
 async fn coexists_with_kube_controller_manager_gc() {
     let a = "apiserver-e2ekcmaaaaaaaaaaaaaaaaa";
     let b = "apiserver-e2ekcmbbbbbbbbbbbbbbbbb";
-    let (_serial, cp) = cluster_with_leases(&[a, b]).await;
+    let (_serial, cp) = cluster_with_leases(&[]).await;
+    // Before the fake leases: they carry the kube-apiserver identity label too.
     let own = own_apiserver_id(&cp).await;
+    create_live_leases(&cp, &[a, b]).await;
     let names = seed_numbered(&cp, "kcm", 5, &[a, b]).await;
     let baseline = names_with_entry_of(&cp, &own).await;
     kcm_start(&cp, &["--controllers=storage-version-gc"]);
