@@ -11,6 +11,7 @@ pub mod gc;
 pub mod kubeclient;
 pub mod leases;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod migrate;
 pub mod model;

@@ -243,7 +243,14 @@ async fn run(store: std::sync::Weak<Inner>, api: Api<Lease>) {
         let Some(inner) = store.upgrade() else { return };
         let store = LeaseStore { inner };
         match event {
-            Ok(event) => store.apply(event),
+            Ok(event) => {
+                let listed = matches!(event, watcher::Event::InitDone);
+                store.apply(event);
+                if listed {
+                    // The list's pages are decoded and dropped: hand their memory back.
+                    crate::memory::release_free();
+                }
+            }
             Err(error) => store.failed(&error),
         }
     }
