@@ -12,6 +12,7 @@ pub mod kubeclient;
 pub mod leases;
 pub mod logging;
 pub mod memory;
+pub mod metadata;
 pub mod metrics;
 pub mod migrate;
 pub mod model;

@@ -196,7 +196,7 @@ enum Sent {
 enum Outcome {
     Done,
     /// Written: the Event that records it, published once the batch's writes are done.
-    Changed(EventNote),
+    Changed(Box<EventNote>),
     /// Try again at a later pass (a failed write or read).
     Retry,
 }
@@ -617,7 +617,7 @@ impl Term {
         // The record of the batch, after its writes: the Events do not hold up the collection,
         // nor compete with its writes at the apiserver.
         let notes = outcomes.drain(..).filter_map(|(_, o)| match o {
-            Outcome::Changed(note) => Some(note),
+            Outcome::Changed(note) => Some(*note),
             _ => None,
         });
         futures::stream::iter(notes)
@@ -657,7 +657,7 @@ impl Term {
                         _ => Some(written.to_model()),
                     };
                     let note = self.done(&before, after.as_ref(), decided.removed());
-                    return Some(Outcome::Changed(note));
+                    return Some(Outcome::Changed(Box::new(note)));
                 }
                 Sent::Gone => {
                     self.c.metrics.check("gone");

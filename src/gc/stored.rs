@@ -20,7 +20,8 @@ pub struct StoredSv {
     pub api_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    #[serde(default)]
+    /// Decoded without `managedFields` and the like (they are never built).
+    #[serde(default, deserialize_with = "crate::metadata::kept")]
     pub metadata: ObjectMeta,
     #[serde(default)]
     pub status: StoredStatus,
