@@ -11,6 +11,8 @@ pub mod gc;
 pub mod kubeclient;
 pub mod leases;
 pub mod logging;
+pub mod memory;
+pub mod metadata;
 pub mod metrics;
 pub mod migrate;
 pub mod model;

@@ -24,9 +24,15 @@ pub const ALL_ENCODING_VERSIONS_EQUAL: &str = "AllEncodingVersionsEqual";
 
 /// Declares the struct of a Kubernetes object: `apiVersion`, `kind` and `metadata`, which every
 /// object has, then the given fields (each `#[serde(default)]`, like the header: a missing part
-/// decodes as empty so that the rules, not serde, say what is wrong).
+/// decodes as empty so that the rules, not serde, say what is wrong). `where metadata = "path"`
+/// decodes the metadata with that function instead.
 macro_rules! object_struct {
-    ($(#[$attr:meta])* pub struct $name:ident { $($field:ident: $ty:ty,)* }) => {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident $(where metadata = $metadata_de:literal)? {
+            $($field:ident: $ty:ty,)*
+        }
+    ) => {
         $(#[$attr])*
         #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
@@ -35,7 +41,7 @@ macro_rules! object_struct {
             pub api_version: Option<String>,
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub kind: Option<String>,
-            #[serde(default)]
+            #[serde(default $(, deserialize_with = $metadata_de)?)]
             pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
             $(
                 #[serde(default)]

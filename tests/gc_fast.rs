@@ -238,7 +238,10 @@ fn gone_only() -> Vec<Value> {
 /// resourceVersion.
 #[tokio::test(start_paused = true)]
 async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
-    let objects: Vec<Value> = (0..3)
+    // More objects than the rig's concurrency (4), so that a collector recording each Event right
+    // after its write would send one before the last writes.
+    const N: usize = 6;
+    let objects: Vec<Value> = (0..N)
         .map(|i| {
             sv(
                 &format!("o{i}.example.com.widgets"),
@@ -266,13 +269,13 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         "looked up before the grace"
     );
     assert!(
-        rig.metric("stale_entries").ends_with(" 3"),
+        rig.metric("stale_entries").ends_with(&format!(" {N}")),
         "{}",
         rig.metric("stale_entries")
     );
 
     rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 3
+        r.calls("PUT", "/status").len() == N
     })
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -284,7 +287,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         gets[0].at
     );
     let puts = rig.calls("PUT", "/status");
-    assert_eq!(puts.len(), 3, "one write per object");
+    assert_eq!(puts.len(), N, "one write per object");
     assert!(
         rig.calls("GET", SVS).len() == 1,
         "only the initial list read objects"
@@ -300,6 +303,19 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         assert_eq!(put.body["status"]["futureField"], json!({"kept": true}));
         assert!(put.body["metadata"].get("managedFields").is_none());
     }
+    // One Event per changed object, recorded after the batch's writes (not between them).
+    let log = rig.log.lock().unwrap().clone();
+    let last_put = log
+        .iter()
+        .rposition(|c| c.method == "PUT" && c.path.ends_with("/status"));
+    let events: Vec<usize> = (0..log.len())
+        .filter(|&i| log[i].method == "POST" && log[i].path.contains("/events"))
+        .collect();
+    assert_eq!(events.len(), N, "one Event per changed object: {log:#?}");
+    assert!(
+        events.iter().all(|&i| Some(i) > last_put),
+        "an Event between the writes: {log:#?}"
+    );
     stop(token, task).await;
     assert!(rig.metric("stale_entries").ends_with(" 0"));
 }

@@ -13,8 +13,9 @@ use crate::model::{
 };
 
 crate::model::object_struct! {
-    /// A StorageVersion as the collector's store holds it.
-    pub struct StoredSv {
+    /// A StorageVersion as the collector's store holds it. Its metadata is decoded without
+    /// `managedFields` and the like (they are never built).
+    pub struct StoredSv where metadata = "crate::metadata::kept" {
         status: StoredStatus,
     }
 }
