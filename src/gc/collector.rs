@@ -559,26 +559,9 @@ impl Term {
     /// Step 4: one write per object naming a confirmed lease (bounded concurrency). Suspects
     /// whose objects are all done are forgotten; the others retry later.
     async fn act(self: &Arc<Self>, confirmed: &BTreeMap<String, Reason>) -> Option<()> {
-        let targets: Vec<Arc<StoredSv>> = {
-            let state = lock(&self.state);
-            self.svs
-                .state()
-                .into_iter()
-                .filter(|sv| {
-                    let acted = state.acted.get(sv.name()).map(String::as_str);
-                    acted.is_none() || acted != sv.resource_version()
-                })
-                .filter(|sv| {
-                    sv.status
-                        .known
-                        .storage_versions
-                        .iter()
-                        .any(|e| confirmed.contains_key(&e.api_server_id))
-                })
-                .collect()
-        };
+        let targets = self.targets(confirmed);
         let now = plan::format_time(Timestamp::now());
-        let mut outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
+        let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
             .map(|sv| {
                 let now = now.as_str();
                 async move {
@@ -591,17 +574,53 @@ impl Term {
             .await
             .into_iter()
             .collect::<Option<_>>()?;
-        let mut failed: BTreeSet<&str> = BTreeSet::new();
-        for (sv, outcome) in &outcomes {
-            if matches!(outcome, Outcome::Retry) {
-                for e in &sv.status.known.storage_versions {
-                    if let Some((id, _)) = confirmed.get_key_value(&e.api_server_id) {
-                        failed.insert(id);
-                    }
-                }
-            }
-        }
-        let failed: BTreeSet<String> = failed.into_iter().map(str::to_string).collect();
+        self.settle(confirmed, &outcomes);
+        // The record of the batch, after its writes: the Events do not hold up the collection,
+        // nor compete with its writes at the apiserver.
+        let notes = outcomes.into_iter().filter_map(|(_, o)| match o {
+            Outcome::Changed(note) => Some(*note),
+            _ => None,
+        });
+        futures::stream::iter(notes)
+            .for_each_concurrent(self.c.cfg.concurrency.max(1), |note| self.publish(note))
+            .await;
+        Some(())
+    }
+
+    /// The stored objects naming a confirmed lease, but for those already acted on at their
+    /// current resourceVersion.
+    fn targets(&self, confirmed: &BTreeMap<String, Reason>) -> Vec<Arc<StoredSv>> {
+        let state = lock(&self.state);
+        self.svs
+            .state()
+            .into_iter()
+            .filter(|sv| {
+                let acted = state.acted.get(sv.name()).map(String::as_str);
+                acted.is_none() || acted != sv.resource_version()
+            })
+            .filter(|sv| {
+                sv.status
+                    .known
+                    .storage_versions
+                    .iter()
+                    .any(|e| confirmed.contains_key(&e.api_server_id))
+            })
+            .collect()
+    }
+
+    /// After a batch: a confirmed lease with a failed object is retried later, the others are
+    /// done (in a dry run: looked at again at the next sweep).
+    fn settle(&self, confirmed: &BTreeMap<String, Reason>, outcomes: &[(Arc<StoredSv>, Outcome)]) {
+        let failed: BTreeSet<&str> = outcomes
+            .iter()
+            .filter(|(_, outcome)| matches!(outcome, Outcome::Retry))
+            .flat_map(|(sv, _)| sv.status.known.storage_versions.iter())
+            .filter_map(|e| {
+                confirmed
+                    .get_key_value(&e.api_server_id)
+                    .map(|(id, _)| id.as_str())
+            })
+            .collect();
         for id in confirmed.keys() {
             if failed.contains(id.as_str()) {
                 self.retry_later(id);
@@ -614,16 +633,6 @@ impl Term {
                 lock(&self.state).suspects.remove(id);
             }
         }
-        // The record of the batch, after its writes: the Events do not hold up the collection,
-        // nor compete with its writes at the apiserver.
-        let notes = outcomes.drain(..).filter_map(|(_, o)| match o {
-            Outcome::Changed(note) => Some(*note),
-            _ => None,
-        });
-        futures::stream::iter(notes)
-            .for_each_concurrent(self.c.cfg.concurrency.max(1), |note| self.publish(note))
-            .await;
-        Some(())
     }
 
     /// Plans and writes one object, reading it again after a conflict. `None` if the term ended.
