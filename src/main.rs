@@ -27,6 +27,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread starts (the log writer is one): see src/memory.rs.
+    storageversion_webhook::memory::limit_arenas();
     // As `kubectl-storageversions` it is the kubectl plugin (src/plugin.rs).
     let cli: Cli = plugin::parse();
     // Every subcommand takes the --log-* flags; held until `main` returns, so that queued log

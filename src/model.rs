@@ -4,7 +4,6 @@
 //! (`#[serde(default)]`), so an object that upstream validation would reject still decodes and the
 //! rules can say precisely what is wrong with it, instead of failing on a missing `reason`.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "internal.apiserver.k8s.io";
@@ -23,19 +22,41 @@ pub const IDENTITY_LABEL_VALUE: &str = "kube-apiserver";
 /// The only condition type upstream defines.
 pub const ALL_ENCODING_VERSIONS_EQUAL: &str = "AllEncodingVersionsEqual";
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StorageVersion {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: StorageVersionSpec,
-    #[serde(default)]
-    pub status: StorageVersionStatus,
+/// Declares the struct of a Kubernetes object: `apiVersion`, `kind` and `metadata`, which every
+/// object has, then the given fields (each `#[serde(default)]`, like the header: a missing part
+/// decodes as empty so that the rules, not serde, say what is wrong). `where metadata = "path"`
+/// decodes the metadata with that function instead.
+macro_rules! object_struct {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident $(where metadata = $metadata_de:literal)? {
+            $($field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$attr])*
+        #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        pub struct $name {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub api_version: Option<String>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub kind: Option<String>,
+            #[serde(default $(, deserialize_with = $metadata_de)?)]
+            pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            $(
+                #[serde(default)]
+                pub $field: $ty,
+            )*
+        }
+    };
+}
+pub(crate) use object_struct;
+
+object_struct! {
+    pub struct StorageVersion {
+        spec: StorageVersionSpec,
+        status: StorageVersionStatus,
+    }
 }
 
 /// Empty by design upstream; serialised as `{}`.
@@ -93,6 +114,16 @@ pub struct StorageVersionCondition {
 
 fn is_zero(v: &i64) -> bool {
     *v == 0
+}
+
+impl StorageVersionStatus {
+    /// The `AllEncodingVersionsEqual` conditions (upstream keeps exactly one; a hand-written
+    /// object may carry none or several).
+    pub fn encoding_conditions(&self) -> impl Iterator<Item = &StorageVersionCondition> {
+        self.conditions
+            .iter()
+            .filter(|c| c.type_ == ALL_ENCODING_VERSIONS_EQUAL)
+    }
 }
 
 impl StorageVersion {

@@ -26,9 +26,10 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use support::gc::{create_lease, delete_lease, wait_collected};
 use support::*;
 
 const CHART: &str = "charts/storageversion-webhook";
@@ -36,54 +37,19 @@ const RELEASE: &str = "svw";
 const NS: &str = "svw-system";
 /// `<release>-<chart>`: the name of every object of a default install.
 const FULLNAME: &str = "svw-storageversion-webhook";
-const WEBHOOK: &str = "storageversions.svw-storageversion-webhook.svw-system.svc";
 
 // ------------------------------------------------------------------------------- helpers --
 
-/// The pinned helm, with its cache and config kept under the target dir (not $HOME).
-fn helm() -> Command {
-    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
-    let mut cmd = Command::new(bin_dir().join("helm"));
-    cmd.current_dir(repo_root())
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env_remove("KUBECONFIG");
-    cmd
-}
-
-/// helm with the control plane's admin kubeconfig.
-fn helm_on(cp: &ControlPlane) -> Command {
-    let mut cmd = helm();
-    cmd.env("KUBECONFIG", &cp.kubeconfig);
-    cmd
+/// The name of the chart's webhook in its ValidatingWebhookConfiguration.
+fn webhook() -> String {
+    format!("storageversions.{FULLNAME}.{NS}.svc")
 }
 
 fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures/chart").join(name)
 }
 
-use support::ops::run;
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Runs `cmd`; panics with its output unless it succeeds; returns stdout.
-fn ok(cmd: &mut Command, stdin: Option<&str>) -> String {
-    let out = run(cmd, stdin);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}",
-        out.status,
-        text(&out)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use support::ops::{helm, helm_on, ok, run, text};
 
 /// One way to configure the chart: extra `helm` arguments (values files, --set).
 struct Mode {
@@ -556,7 +522,7 @@ fn default_render_is_hardened_and_least_privilege() {
     let vwc = one(&docs, "ValidatingWebhookConfiguration");
     let hook = &vwc["webhooks"][0];
     assert_eq!(vwc["webhooks"].as_array().unwrap().len(), 1);
-    assert_eq!(hook["name"], WEBHOOK);
+    assert_eq!(hook["name"], webhook());
     assert_eq!(
         hook["rules"],
         json!([{
@@ -924,19 +890,12 @@ async fn helm_certificates_survive_upgrade() {
     }
     assert!(key.contains("PRIVATE KEY"));
 
+    let upgrade = |extra: &[&str]| {
+        let args = ["upgrade", RELEASE, CHART, "--namespace", NS];
+        ok(helm_on(&cp).args(args).args(extra), None)
+    };
     // An upgrade that changes something else keeps the certificates exactly.
-    ok(
-        helm_on(&cp).args([
-            "upgrade",
-            RELEASE,
-            CHART,
-            "--namespace",
-            NS,
-            "--set",
-            "replicaCount=3",
-        ]),
-        None,
-    );
+    upgrade(&["--set", "replicaCount=3"]);
     let replicas = deployments.get(FULLNAME).await.expect("Deployment");
     assert_eq!(
         replicas.spec.and_then(|s| s.replicas),
@@ -949,18 +908,7 @@ async fn helm_certificates_survive_upgrade() {
     );
 
     // Within renewBeforeDays of expiry: new certificates; caBundle trusts the new and old CA.
-    ok(
-        helm_on(&cp).args([
-            "upgrade",
-            RELEASE,
-            CHART,
-            "--namespace",
-            NS,
-            "--set",
-            "certificates.helm.renewBeforeDays=36500",
-        ]),
-        None,
-    );
+    upgrade(&["--set", "certificates.helm.renewBeforeDays=36500"]);
     let (ca2, crt2, key2, bundle2) = state().await;
     assert_ne!(ca2, ca);
     assert_ne!(crt2, crt);
@@ -971,17 +919,7 @@ async fn helm_certificates_survive_upgrade() {
 
     // The next upgrade keeps the renewed certificates and drops the old CA. (--reset-values:
     // helm upgrade without values would reuse the last release's renewBeforeDays.)
-    ok(
-        helm_on(&cp).args([
-            "upgrade",
-            RELEASE,
-            CHART,
-            "--namespace",
-            NS,
-            "--reset-values",
-        ]),
-        None,
-    );
+    upgrade(&["--reset-values"]);
     assert_eq!(state().await, (ca2.clone(), crt2, key2, ca2));
 
     ok(
@@ -1071,31 +1009,17 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
     // Garbage collection: an entry whose apiserver's lease is deleted goes away.
     let own = own_apiserver_id(&cp).await;
     let gone = "apiserver-chartrbacgone0000000000";
-    leases(&cp)
-        .create(&PostParams::default(), &live_identity_lease(gone))
-        .await
-        .expect("create identity lease");
+    create_lease(&cp, &live_identity_lease(gone)).await;
     let sv_name = "chart.example.com.widgets";
     create_sv(&cp, sv_name).await;
     put_status(&cp, sv_name, status_for("chart.example.com", &[&own, gone]))
         .await
         .expect("write both entries");
-    leases(&cp)
-        .delete(gone, &Default::default())
+    delete_lease(&cp, gone).await;
+    // The collector removes the stale entry.
+    wait_collected(&cp, sv_name, gone, &own, Duration::from_secs(90))
         .await
-        .expect("delete the lease");
-    poll_until(
-        Duration::from_secs(90),
-        "the collector to remove the stale entry",
-        || async {
-            storage_versions(&cp)
-                .get(sv_name)
-                .await
-                .is_ok_and(|sv| sv.entry(gone).is_none() && sv.entry(&own).is_some())
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
     poll_until(
         Duration::from_secs(30),
         "an Event about the collected StorageVersion",
@@ -1261,9 +1185,11 @@ async fn chart_webhook_configuration_denies_entries_without_a_lease() {
     let message = api_error_text(&denied);
     assert!(
         message.contains(&format!(
-            "admission webhook \"{WEBHOOK}\" denied the request"
+            "admission webhook \"{}\" denied the request",
+            webhook()
         )),
-        "expected a denial by {WEBHOOK}, got: {message:?}; logs:\n{}",
+        "expected a denial by {}, got: {message:?}; logs:\n{}",
+        webhook(),
         hook.logs_text()
     );
     assert!(message.contains("lease-missing"), "{message}");

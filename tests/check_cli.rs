@@ -79,7 +79,173 @@ fn json(run: &Run) -> serde_json::Value {
     serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {run:?}"))
 }
 
+/// `check --leases FIXTURE --now NOW` then `rest` (fixture names or flags, as they are).
+fn check_with_leases(leases: &str, now: &str, rest: &[&str]) -> Run {
+    let leases = fixture(leases);
+    let mut args = vec!["--leases", &leases, "--now", now];
+    args.extend_from_slice(rest);
+    check(&args)
+}
+
+/// `check --output json` of the UPDATE review, with fresh leases.
+fn review_update_in_json() -> Run {
+    check_with_leases(
+        "leases.yaml",
+        NOW,
+        &["--output", "json", &fixture("review-update.yaml")],
+    )
+}
+
+/// What a case's run must show.
+enum Want<'a> {
+    /// This exit code.
+    Code(i32),
+    /// This text in stdout.
+    Out(&'a str),
+    /// Not this text in stdout.
+    NotOut(&'a str),
+    /// This text in stderr.
+    Err(&'a str),
+    /// Stderr starting with this text.
+    ErrStart(&'a str),
+    /// Nothing on stdout.
+    NoStdout,
+}
+
+/// Runs each case and checks every thing it wants; a failure names the case.
+fn run_cases(cases: Vec<(&str, Run, Vec<Want>)>) {
+    for (name, run, wants) in cases {
+        for want in wants {
+            match want {
+                Want::Code(code) => assert_eq!(run.code, Some(code), "{name}: {run:?}"),
+                Want::Out(text) => {
+                    assert!(run.stdout.contains(text), "{name}: no {text:?}: {run:?}")
+                }
+                Want::NotOut(text) => {
+                    assert!(!run.stdout.contains(text), "{name}: {text:?}: {run:?}")
+                }
+                Want::Err(text) => {
+                    assert!(run.stderr.contains(text), "{name}: no {text:?}: {run:?}")
+                }
+                Want::ErrStart(text) => {
+                    assert!(run.stderr.starts_with(text), "{name}: {run:?}")
+                }
+                Want::NoStdout => assert!(run.stdout.is_empty(), "{name}: {run:?}"),
+            }
+        }
+    }
+}
+
+/// The first line of stdout starting with `prefix`.
+fn line_starting<'r>(run: &'r Run, prefix: &str) -> &'r str {
+    run.stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?}: {run:?}"))
+}
+
 // ---- verdicts -------------------------------------------------------------------------------
+
+#[test]
+fn verdicts_in_text() {
+    use Want::*;
+    let deployments = fixture("deployments.yaml");
+    let text = std::fs::read(&deployments).expect("read fixture");
+    let missing_one = std::fs::read(fixture("leases-missing-one.yaml")).expect("read fixture");
+    run_cases(vec![
+        (
+            "fresh leases allow and drop the note",
+            check_with_leases("leases.yaml", NOW, &[&deployments]),
+            vec![Code(0), Out("deployments.yaml#1): allowed\n"), NotOut("note:")],
+        ),
+        (
+            "a missing lease denies",
+            check_with_leases("leases-missing-one.yaml", NOW, &[&deployments]),
+            vec![Code(1), Out("deployments.yaml#1): denied\n"), NotOut("note:")],
+        ),
+        (
+            "expired leases deny",
+            check_with_leases("leases.yaml", LATER, &[&deployments]),
+            vec![
+                Code(1),
+                Out("deployments.yaml#1): denied\n"),
+                Out("  deny [lease-expired] "),
+            ],
+        ),
+        (
+            // renewTime + 3600 s is 10:59:55.412306; 20 s later is inside the default 30 s
+            // allowance.
+            "the default skew allowance is honoured",
+            check_with_leases("leases.yaml", "2026-03-02T11:00:15Z", &[&deployments]),
+            vec![Code(0)],
+        ),
+        (
+            "a smaller skew allowance is honoured",
+            check_with_leases(
+                "leases.yaml",
+                "2026-03-02T11:00:15Z",
+                &["--lease-skew-allowance", "10s", &deployments],
+            ),
+            vec![Code(1), Out("[lease-expired]")],
+        ),
+        (
+            "encoding not in decodable denies with its path",
+            check(&[&fixture("bad-encoding.yaml")]),
+            vec![
+                Code(1),
+                Out("core.pods ("),
+                Out("bad-encoding.yaml#1): denied\n"),
+                Out("  deny [encoding-not-decodable] status.storageVersions[0].decodableVersions: "),
+            ],
+        ),
+        (
+            "a StorageVersionList in JSON gives one result per item",
+            check(&[&fixture("storageversionlist.json")]),
+            vec![
+                Code(1),
+                Out("networking.k8s.io.ingresses ("),
+                Out("storageversionlist.json#1 items[0]): denied\n"),
+                Out("  deny [served-not-decodable] status.storageVersions[0].servedVersions[1]: "),
+                Out("storageversionlist.json#1 items[1]): allowed\n"),
+            ],
+        ),
+        (
+            "a generic list judges StorageVersions and skips the rest",
+            check(&[&fixture("list.yaml")]),
+            vec![
+                Code(1),
+                Out("batch.jobs ("),
+                Out("list.yaml#1 items[0]): allowed\n"),
+                Out("list.yaml#1 items[1]): denied\n"),
+                Out("[encoding-not-decodable]"),
+                Out("list.yaml#1 items[2]): v1 ConfigMap kube-system/kube-root-ca.crt is not a StorageVersion"),
+                Out("2 objects checked: 1 allowed, 0 with warnings, 1 denied; 1 skipped"),
+            ],
+        ),
+        (
+            "multi-document YAML counts documents and ignores empty ones",
+            check(&[&fixture("multi.yaml")]),
+            vec![
+                Code(1),
+                Out("batch.jobs ("),
+                Out("multi.yaml#1): allowed\n"),
+                Out("core.pods ("),
+                Out("multi.yaml#3): denied\n"),
+                Out("2 objects checked"),
+            ],
+        ),
+        (
+            "standard input is read for a dash",
+            check_with_stdin(&["-"], &text),
+            vec![Code(0), Out("apps.deployments (<stdin>#1): allowed\n")],
+        ),
+        (
+            "leases can come from standard input",
+            check_with_stdin(&["--leases", "-", "--now", NOW, &deployments], &missing_one),
+            vec![Code(1), Out("[lease-missing]")],
+        ),
+    ]);
+}
 
 #[test]
 fn a_valid_object_is_allowed_and_the_unchecked_lease_rule_is_noted() {
@@ -95,95 +261,22 @@ fn a_valid_object_is_allowed_and_the_unchecked_lease_rule_is_noted() {
 }
 
 #[test]
-fn fresh_leases_allow_and_drop_the_note() {
-    let run = check(&[
-        "--leases",
-        &fixture("leases.yaml"),
-        "--now",
+fn a_missing_lease_denial_names_the_apiserver() {
+    let run = check_with_leases(
+        "leases-missing-one.yaml",
         NOW,
-        &fixture("deployments.yaml"),
-    ]);
-    assert_eq!(run.code, Some(0), "{run:?}");
+        &[&fixture("deployments.yaml")],
+    );
     assert!(
-        run.stdout.contains("deployments.yaml#1): allowed\n"),
+        line_starting(&run, "  deny [lease-missing] ").contains(C),
         "{run:?}"
     );
-    assert!(!run.stdout.contains("note:"), "{run:?}");
-}
-
-#[test]
-fn a_missing_lease_denies() {
-    let run = check(&[
-        "--leases",
-        &fixture("leases-missing-one.yaml"),
-        "--now",
-        NOW,
-        &fixture("deployments.yaml"),
-    ]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(
-        run.stdout.contains("deployments.yaml#1): denied\n"),
-        "{run:?}"
-    );
-    let line = run
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("  deny [lease-missing] "))
-        .unwrap_or_else(|| panic!("no lease-missing denial: {run:?}"));
-    assert!(line.contains(C), "{run:?}");
-    assert!(!run.stdout.contains("note:"), "{run:?}");
-}
-
-#[test]
-fn expired_leases_deny() {
-    let run = check(&[
-        "--leases",
-        &fixture("leases.yaml"),
-        "--now",
-        LATER,
-        &fixture("deployments.yaml"),
-    ]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(
-        run.stdout.contains("deployments.yaml#1): denied\n"),
-        "{run:?}"
-    );
-    assert!(run.stdout.contains("  deny [lease-expired] "), "{run:?}");
-}
-
-#[test]
-fn the_skew_allowance_is_honoured() {
-    // renewTime + 3600 s is 10:59:55.412306; 20 s later is inside the default 30 s allowance.
-    let now = "2026-03-02T11:00:15Z";
-    let leases = fixture("leases.yaml");
-    let file = fixture("deployments.yaml");
-    let run = check(&["--leases", &leases, "--now", now, &file]);
-    assert_eq!(run.code, Some(0), "{run:?}");
-    let run = check(&[
-        "--leases",
-        &leases,
-        "--now",
-        now,
-        "--lease-skew-allowance",
-        "10s",
-        &file,
-    ]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(run.stdout.contains("[lease-expired]"), "{run:?}");
 }
 
 #[test]
 fn leases_outside_kube_system_do_not_count() {
     // leases.yaml holds a lease named like D, but in kube-node-lease.
-    let run = check(&[
-        "--leases",
-        &fixture("leases.yaml"),
-        "--now",
-        NOW,
-        "--output",
-        "json",
-        &fixture("review-update.yaml"),
-    ]);
+    let run = review_update_in_json();
     let report = json(&run);
     let findings = report["results"][0]["findings"]
         .as_array()
@@ -197,127 +290,18 @@ fn leases_outside_kube_system_do_not_count() {
 }
 
 #[test]
-fn encoding_not_in_decodable_denies_with_its_path() {
-    let run = check(&[&fixture("bad-encoding.yaml")]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(
-        run.stdout.contains("core.pods (") && run.stdout.contains("bad-encoding.yaml#1): denied\n"),
-        "{run:?}"
-    );
-    assert!(
-        run.stdout.contains(
-            "  deny [encoding-not-decodable] status.storageVersions[0].decodableVersions: "
-        ),
-        "{run:?}"
-    );
-}
-
-#[test]
-fn a_storage_version_list_in_json_gives_one_result_per_item() {
-    let run = check(&[&fixture("storageversionlist.json")]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(
-        run.stdout.contains("networking.k8s.io.ingresses (")
-            && run
-                .stdout
-                .contains("storageversionlist.json#1 items[0]): denied\n"),
-        "{run:?}"
-    );
-    assert!(
-        run.stdout.contains(
-            "  deny [served-not-decodable] status.storageVersions[0].servedVersions[1]: "
-        ),
-        "{run:?}"
-    );
-    assert!(
-        run.stdout
-            .contains("storageversionlist.json#1 items[1]): allowed\n"),
-        "{run:?}"
-    );
-}
-
-#[test]
-fn a_generic_list_judges_storage_versions_and_skips_the_rest() {
-    let run = check(&[&fixture("list.yaml")]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(run.stdout.contains("batch.jobs ("), "{run:?}");
-    assert!(
-        run.stdout.contains("list.yaml#1 items[0]): allowed\n"),
-        "{run:?}"
-    );
-    assert!(
-        run.stdout.contains("list.yaml#1 items[1]): denied\n"),
-        "{run:?}"
-    );
-    assert!(run.stdout.contains("[encoding-not-decodable]"), "{run:?}");
-    assert!(
-        run.stdout.contains("list.yaml#1 items[2]): v1 ConfigMap kube-system/kube-root-ca.crt is not a StorageVersion"),
-        "{run:?}"
-    );
-    assert!(
-        run.stdout
-            .contains("2 objects checked: 1 allowed, 0 with warnings, 1 denied; 1 skipped"),
-        "{run:?}"
-    );
-}
-
-#[test]
 fn an_update_review_ratchets_an_unchanged_stale_entry_to_a_warning() {
-    let run = check(&[
-        "--leases",
-        &fixture("leases.yaml"),
-        "--now",
-        NOW,
-        &fixture("review-update.yaml"),
-    ]);
+    let run = check_with_leases("leases.yaml", NOW, &[&fixture("review-update.yaml")]);
     assert_eq!(run.code, Some(0), "{run:?}");
     assert!(
         run.stdout
             .contains("review-update.yaml#1, AdmissionReview UPDATE): warnings\n"),
         "{run:?}"
     );
-    let line = run
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("  warn [lease-missing] "))
-        .unwrap_or_else(|| panic!("no lease-missing warning: {run:?}"));
+    let line = line_starting(&run, "  warn [lease-missing] ");
     assert!(line.contains(D), "{run:?}");
     assert!(!line.contains(A), "{run:?}");
     assert!(!run.stdout.contains("  deny ["), "{run:?}");
-}
-
-#[test]
-fn multi_document_yaml_counts_documents_and_ignores_empty_ones() {
-    let run = check(&[&fixture("multi.yaml")]);
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(run.stdout.contains("batch.jobs ("), "{run:?}");
-    assert!(run.stdout.contains("multi.yaml#1): allowed\n"), "{run:?}");
-    assert!(run.stdout.contains("core.pods ("), "{run:?}");
-    assert!(run.stdout.contains("multi.yaml#3): denied\n"), "{run:?}");
-    assert!(run.stdout.contains("2 objects checked"), "{run:?}");
-}
-
-#[test]
-fn standard_input_is_read_for_a_dash() {
-    let text = std::fs::read(fixture("deployments.yaml")).expect("read fixture");
-    let run = check_with_stdin(&["-"], &text);
-    assert_eq!(run.code, Some(0), "{run:?}");
-    assert!(
-        run.stdout
-            .contains("apps.deployments (<stdin>#1): allowed\n"),
-        "{run:?}"
-    );
-}
-
-#[test]
-fn leases_can_come_from_standard_input() {
-    let text = std::fs::read(fixture("leases-missing-one.yaml")).expect("read fixture");
-    let run = check_with_stdin(
-        &["--leases", "-", "--now", NOW, &fixture("deployments.yaml")],
-        &text,
-    );
-    assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(run.stdout.contains("[lease-missing]"), "{run:?}");
 }
 
 // ---- JSON output ----------------------------------------------------------------------------
@@ -365,15 +349,7 @@ fn json_output_has_results_findings_and_a_summary() {
 
 #[test]
 fn json_output_says_when_the_lease_rule_was_checked() {
-    let run = check(&[
-        "--output",
-        "json",
-        "--leases",
-        &fixture("leases.yaml"),
-        "--now",
-        NOW,
-        &fixture("review-update.yaml"),
-    ]);
+    let run = review_update_in_json();
     assert_eq!(run.code, Some(0), "{run:?}");
     let report = json(&run);
     assert_eq!(report["leaseRuleChecked"], true);
@@ -388,123 +364,85 @@ fn json_output_says_when_the_lease_rule_was_checked() {
 // ---- input errors ---------------------------------------------------------------------------
 
 #[test]
-fn a_yaml_syntax_error_names_the_file_and_line_and_prints_no_verdicts() {
-    // The error is on line 14, in the second document.
-    let run = check(&[&fixture("deployments.yaml"), &fixture("syntax-error.yaml")]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(
-        run.stderr.starts_with("error: ")
-            && run.stderr.contains("syntax-error.yaml: line 14, column "),
-        "{run:?}"
-    );
-    assert!(run.stdout.is_empty(), "{run:?}");
-}
-
-#[test]
-fn a_field_of_the_wrong_type_is_located() {
-    let run = check(&[&fixture("wrong-type.yaml")]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(
-        run.stderr.contains(
-            "wrong-type.yaml: line 9, column 24: status.storageVersions[0].decodableVersions: invalid type"
-        ),
-        "{run:?}"
-    );
-}
-
-#[test]
-fn a_json_syntax_error_is_located() {
-    let run = check_with_stdin(
-        &["-"],
-        b"{\"kind\": \"StorageVersion\",\n \"metadata\": }\n",
-    );
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(run.stderr.contains("<stdin>: line 2, column "), "{run:?}");
-    assert!(run.stdout.is_empty(), "{run:?}");
-}
-
-#[test]
-fn a_missing_file_is_named() {
-    let missing = fixture("no-such-file.yaml");
-    let run = check(&[&missing]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(
-        run.stderr
-            .contains(&format!("error: {missing}: cannot read: ")),
-        "{run:?}"
-    );
-    assert!(run.stdout.is_empty(), "{run:?}");
-}
-
-#[test]
-fn an_unknown_kind_is_an_input_error_at_its_kind() {
-    let run = check(&[&fixture("configmap.yaml")]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(
-        run.stderr.contains("configmap.yaml: line 3, column 7: ")
-            && run.stderr.contains("\"ConfigMap\""),
-        "{run:?}"
-    );
-    assert!(run.stdout.is_empty(), "{run:?}");
-}
-
-#[test]
-fn a_leases_file_of_another_kind_is_an_input_error() {
-    let run = check(&[
-        "--leases",
-        &fixture("deployments.yaml"),
-        &fixture("deployments.yaml"),
-    ]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(
-        run.stderr.contains("deployments.yaml: line ") && run.stderr.contains("\"StorageVersion\""),
-        "{run:?}"
-    );
-}
-
-#[test]
-fn text_that_is_not_utf8_is_an_input_error() {
+fn input_and_usage_errors() {
+    use Want::*;
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
     file.write_all(b"kind: StorageVersion\nmetadata:\n  name: caf\xe9\n")
         .expect("write temp file");
-    let path = file.path().display().to_string();
-    let run = check(&[&path]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(
-        run.stderr
-            .contains(&format!("{path}: line 3, column 12: not valid UTF-8")),
-        "{run:?}"
-    );
-}
-
-#[test]
-fn a_bad_now_is_a_usage_error() {
-    let run = check(&["--now", "yesterday", &fixture("deployments.yaml")]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(run.stderr.contains("--now"), "{run:?}");
-    assert!(run.stdout.is_empty(), "{run:?}");
-}
-
-#[test]
-fn a_bad_skew_allowance_is_a_usage_error() {
-    let run = check(&[
-        "--lease-skew-allowance",
-        "thirty",
-        &fixture("deployments.yaml"),
+    let not_utf8 = file.path().display().to_string();
+    let not_utf8_error = format!("{not_utf8}: line 3, column 12: not valid UTF-8");
+    let missing = fixture("no-such-file.yaml");
+    let missing_error = format!("error: {missing}: cannot read: ");
+    let deployments = fixture("deployments.yaml");
+    run_cases(vec![
+        (
+            // The error is on line 14, in the second document.
+            "a YAML syntax error names the file and line and prints no verdicts",
+            check(&[&deployments, &fixture("syntax-error.yaml")]),
+            vec![
+                Code(2),
+                ErrStart("error: "),
+                Err("syntax-error.yaml: line 14, column "),
+                NoStdout,
+            ],
+        ),
+        (
+            "a field of the wrong type is located",
+            check(&[&fixture("wrong-type.yaml")]),
+            vec![
+                Code(2),
+                Err("wrong-type.yaml: line 9, column 24: status.storageVersions[0].decodableVersions: invalid type"),
+            ],
+        ),
+        (
+            "a JSON syntax error is located",
+            check_with_stdin(&["-"], b"{\"kind\": \"StorageVersion\",\n \"metadata\": }\n"),
+            vec![Code(2), Err("<stdin>: line 2, column "), NoStdout],
+        ),
+        (
+            "a missing file is named",
+            check(&[&missing]),
+            vec![Code(2), Err(&missing_error), NoStdout],
+        ),
+        (
+            "an unknown kind is an input error at its kind",
+            check(&[&fixture("configmap.yaml")]),
+            vec![
+                Code(2),
+                Err("configmap.yaml: line 3, column 7: "),
+                Err("\"ConfigMap\""),
+                NoStdout,
+            ],
+        ),
+        (
+            "a leases file of another kind is an input error",
+            check(&["--leases", &deployments, &deployments]),
+            vec![
+                Code(2),
+                Err("deployments.yaml: line "),
+                Err("\"StorageVersion\""),
+            ],
+        ),
+        (
+            "text that is not UTF-8 is an input error",
+            check(&[&not_utf8]),
+            vec![Code(2), Err(&not_utf8_error)],
+        ),
+        (
+            "a bad --now is a usage error",
+            check(&["--now", "yesterday", &deployments]),
+            vec![Code(2), Err("--now"), NoStdout],
+        ),
+        (
+            "a bad skew allowance is a usage error",
+            check(&["--lease-skew-allowance", "thirty", &deployments]),
+            vec![Code(2), Err("--lease-skew-allowance")],
+        ),
+        (
+            "standard input can be used only once",
+            check(&["--leases", "-", "-"]),
+            vec![Code(2), Err("standard input")],
+        ),
+        ("a file is required", check(&[]), vec![Code(2)]),
     ]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(run.stderr.contains("--lease-skew-allowance"), "{run:?}");
-}
-
-#[test]
-fn standard_input_can_be_used_only_once() {
-    let run = check(&["--leases", "-", "-"]);
-    assert_eq!(run.code, Some(2), "{run:?}");
-    assert!(run.stderr.contains("standard input"), "{run:?}");
-}
-
-#[test]
-fn a_file_is_required() {
-    let run = check(&[]);
-    assert_eq!(run.code, Some(2), "{run:?}");
 }

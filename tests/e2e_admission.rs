@@ -15,6 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, PostParams};
 use storageversion_webhook::leases::{KubeLeaseView, LeaseView};
 use storageversion_webhook::model::LeaseLookup;
+use support::gc::{create_lease, delete_lease};
 use support::*;
 
 const GROUP: &str = "e2e.example.com";
@@ -72,33 +73,69 @@ async fn restart_and_rewrite(cp: &ControlPlane) -> (Duration, usize) {
 }
 
 /// A control plane on the current kube-apiserver, or on `version` (e.g. "1.36").
-async fn up_at(version: Option<&str>) -> ControlPlane {
-    match version {
+/// Holds the serial lock and starts a control plane of kube-apiserver `version` (the current one
+/// for `None`). Bind as `let (_serial, cp)`: the control plane stops before the lock is released.
+async fn up_at(version: Option<&str>) -> (tokio::sync::MutexGuard<'static, ()>, ControlPlane) {
+    let serial = serial().await;
+    let cp = match version {
         Some(v) => ControlPlane::up_with(&["--version", v]).await,
         None => ControlPlane::up().await,
-    }
+    };
+    (serial, cp)
 }
+
+/// A lease view of its own (and the registry of its metrics) on `cp`, synced.
+async fn synced_lease_view(
+    cp: &ControlPlane,
+) -> (
+    prometheus_client::registry::Registry,
+    std::sync::Arc<KubeLeaseView>,
+) {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
+    let view = KubeLeaseView::spawn(cp.client.clone(), metrics, Duration::from_secs(60));
+    poll_until(Duration::from_secs(30), "lease view to sync", || async {
+        view.is_ready()
+    })
+    .await
+    .expect("sync");
+    (registry, view)
+}
+
+/// Waits up to 10 s until `view` holds `id` (`want`) or does not.
+async fn wait_cached(view: &KubeLeaseView, id: &str, want: bool, what: &str) {
+    poll_until(Duration::from_secs(10), what, || async {
+        view.cached(id).is_some() == want
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Declares the test `$latest` (the current kube-apiserver) and `$v1_36` (kube-apiserver 1.36,
+/// the version matrix of docs/ha-upgrade.md), both running `$scenario(version)`.
+macro_rules! on_each_version {
+    ($latest:ident, $v1_36:ident, $scenario:ident) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $latest() {
+            $scenario(None).await
+        }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $v1_36() {
+            $scenario(Some("1.36")).await
+        }
+    };
+}
+
+#[rustfmt::skip]
+on_each_version! { own_writes_are_admitted, own_writes_are_admitted_v1_36, own_writes_are_admitted_on }
 
 /// Test 1: kube-apiserver restarted with the webhook registered in deny mode (fail closed):
 /// every StorageVersion it writes is admitted, including entries judged by the live-lease rule
 /// against its own identity lease.
-#[tokio::test(flavor = "multi_thread")]
-async fn own_writes_are_admitted() {
-    own_writes_are_admitted_on(None).await
-}
-
-/// Test 1 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
-#[tokio::test(flavor = "multi_thread")]
-async fn own_writes_are_admitted_v1_36() {
-    own_writes_are_admitted_on(Some("1.36")).await
-}
-
 async fn own_writes_are_admitted_on(version: Option<&str>) {
-    let _serial = serial().await;
-    let cp = up_at(version).await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=deny"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_serial, cp) = up_at(version).await;
+    let (_certs, hook) = registered_webhook(&cp, &["--enforcement=deny"], "Fail").await;
     let own_id = own_apiserver_id(&cp).await;
 
     let (took, written) = restart_and_rewrite(&cp).await;
@@ -106,26 +143,10 @@ async fn own_writes_are_admitted_on(version: Option<&str>) {
     assert!(written > 30, "only {written} StorageVersions after restart");
 
     let metrics = hook.metrics().await;
-    let reviews = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_reviews_total",
-        &[],
-    );
-    let denied = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_reviews_total",
-        &["verdict=\"denied\""],
-    );
-    let creates = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_reviews_total",
-        &["operation=\"CREATE\""],
-    );
-    let lease_findings = metric_sum(
-        &metrics,
-        "storageversion_webhook_admission_findings_total",
-        &["code=\"lease-"],
-    );
+    let reviews = reviews_total(&metrics, &[]);
+    let denied = reviews_total(&metrics, &["verdict=\"denied\""]);
+    let creates = reviews_total(&metrics, &["operation=\"CREATE\""]);
+    let lease_findings = findings_total(&metrics, &["code=\"lease-"]);
     eprintln!("reviews {reviews}, creates {creates}, denied {denied}");
     assert_eq!(
         denied, 0.0,
@@ -158,25 +179,14 @@ async fn own_writes_are_admitted_on(version: Option<&str>) {
     }
 }
 
+#[rustfmt::skip]
+on_each_version! { stale_entries_are_denied_until_the_lease_is_live, stale_entries_are_denied_until_the_lease_is_live_v1_36, stale_entries_are_denied_until_the_lease_is_live_on }
+
 /// Test 2: a status write adding an entry for an apiServerID with no lease, a lease of the wrong
 /// label, or an expired lease is denied, naming the webhook and the rule; renewed, it is admitted.
-#[tokio::test(flavor = "multi_thread")]
-async fn stale_entries_are_denied_until_the_lease_is_live() {
-    stale_entries_are_denied_until_the_lease_is_live_on(None).await
-}
-
-/// Test 2 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
-#[tokio::test(flavor = "multi_thread")]
-async fn stale_entries_are_denied_until_the_lease_is_live_v1_36() {
-    stale_entries_are_denied_until_the_lease_is_live_on(Some("1.36")).await
-}
-
 async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&str>) {
-    let _serial = serial().await;
-    let cp = up_at(version).await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_serial, cp) = up_at(version).await;
+    let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
     let status = status_for(GROUP, &[id]);
@@ -198,27 +208,18 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
     );
 
     let leases = leases(&cp);
-    let mut wrong_label = identity_lease(id, Some("kube-controller-manager"), Duration::ZERO);
-    wrong_label = leases
-        .create(&PostParams::default(), &wrong_label)
-        .await
-        .expect("lease");
+    let wrong_label = identity_lease(id, Some("kube-controller-manager"), Duration::ZERO);
+    create_lease(&cp, &wrong_label).await;
     let msg = api_error_text(&put_status(&cp, SV_NAME, status.clone()).await);
     assert!(
         msg.contains("lease-not-apiserver"),
         "wrong label not denied: {msg}"
     );
-    leases
-        .delete(id, &DeleteParams::default())
-        .await
-        .expect("delete lease");
+    delete_lease(&cp, id).await;
     drop(wrong_label);
 
     let expired = identity_lease(id, Some("kube-apiserver"), Duration::from_secs(3 * 3600));
-    leases
-        .create(&PostParams::default(), &expired)
-        .await
-        .expect("lease");
+    create_lease(&cp, &expired).await;
     let msg = api_error_text(&put_status(&cp, SV_NAME, status.clone()).await);
     assert!(
         msg.contains("lease-expired"),
@@ -242,9 +243,8 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
     let metrics = hook.metrics().await;
     for code in ["lease-missing", "lease-not-apiserver", "lease-expired"] {
         assert_eq!(
-            metric_sum(
+            findings_total(
                 &metrics,
-                "storageversion_webhook_admission_findings_total",
                 &[&format!("code=\"{code}\""), "severity=\"deny\""]
             ),
             1.0,
@@ -256,20 +256,14 @@ async fn stale_entries_are_denied_until_the_lease_is_live_on(version: Option<&st
 /// Test 3: a lease created an instant before the write is honoured (the live fallback).
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_created_just_before_the_write_is_honoured() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_serial, cp) = up_at(None).await;
+    let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
     let leases = leases(&cp);
     for i in 0..10 {
         let name = format!("{GROUP}.widgets{i}");
         let id = format!("apiserver-e2efresh{i:015}");
         create_sv(&cp, &name).await;
-        leases
-            .create(&PostParams::default(), &live_identity_lease(&id))
-            .await
-            .expect("lease");
+        create_lease(&cp, &live_identity_lease(&id)).await;
         let result = put_status(&cp, &name, status_for(GROUP, &[&id])).await;
         assert!(
             result.is_ok(),
@@ -278,16 +272,8 @@ async fn lease_created_just_before_the_write_is_honoured() {
         );
     }
     let metrics = hook.metrics().await;
-    let live = metric_sum(
-        &metrics,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"live_found\""],
-    );
-    let hits = metric_sum(
-        &metrics,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"cache_hit\""],
-    );
+    let live = lease_lookups_total(&metrics, &["result=\"live_found\""]);
+    let hits = lease_lookups_total(&metrics, &["result=\"cache_hit\""]);
     eprintln!("fresh leases: {live} live lookups, {hits} cache hits");
     assert_eq!(
         live + hits,
@@ -298,14 +284,7 @@ async fn lease_created_just_before_the_write_is_honoured() {
     // The watch usually wins the race above, so show the live fallback directly and
     // deterministically: a lease the watch cache cannot hold (its label is missing, and the watch
     // selects on it) is still found, by a live GET, and judged for what it is.
-    let mut registry = prometheus_client::registry::Registry::default();
-    let view_metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
-    let view = KubeLeaseView::spawn(cp.client.clone(), view_metrics, Duration::from_secs(60));
-    poll_until(Duration::from_secs(30), "lease view to sync", || async {
-        view.is_ready()
-    })
-    .await
-    .expect("sync");
+    let (registry, view) = synced_lease_view(&cp).await;
     let id = "apiserver-e2einstant0000000000000";
     leases
         .create(
@@ -320,16 +299,8 @@ async fn lease_created_just_before_the_write_is_honoured() {
         "fresh lease not found live: {found:?}"
     );
     let text = storageversion_webhook::metrics::encode(&registry);
-    let live = metric_sum(
-        &text,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"live_found\""],
-    );
-    let hits = metric_sum(
-        &text,
-        "storageversion_webhook_lease_lookups_total",
-        &["result=\"cache_hit\""],
-    );
+    let live = lease_lookups_total(&text, &["result=\"live_found\""]);
+    let hits = lease_lookups_total(&text, &["result=\"cache_hit\""]);
     assert_eq!(
         (live, hits),
         (1.0, 0.0),
@@ -337,29 +308,17 @@ async fn lease_created_just_before_the_write_is_honoured() {
     );
 }
 
+#[rustfmt::skip]
+on_each_version! { unchanged_stale_entry_only_warns, unchanged_stale_entry_only_warns_v1_36, unchanged_stale_entry_only_warns_on }
+
 /// Test 4: with one stale entry stored, a write that changes only another entry is admitted and
 /// the client receives our warning.
-#[tokio::test(flavor = "multi_thread")]
-async fn unchanged_stale_entry_only_warns() {
-    unchanged_stale_entry_only_warns_on(None).await
-}
-
-/// Test 4 against kube-apiserver 1.36 (the version matrix, docs/ha-upgrade.md).
-#[tokio::test(flavor = "multi_thread")]
-async fn unchanged_stale_entry_only_warns_v1_36() {
-    unchanged_stale_entry_only_warns_on(Some("1.36")).await
-}
-
 async fn unchanged_stale_entry_only_warns_on(version: Option<&str>) {
-    let _serial = serial().await;
-    let cp = up_at(version).await;
+    let (_serial, cp) = up_at(version).await;
     let certs = Certs::generate();
     let live = "apiserver-e2elive00000000000000000";
     let stale = "apiserver-e2estale0000000000000000";
-    leases(&cp)
-        .create(&PostParams::default(), &live_identity_lease(live))
-        .await
-        .expect("lease");
+    create_lease(&cp, &live_identity_lease(live)).await;
     // Stored before the webhook exists: an entry whose server is gone.
     create_sv(&cp, SV_NAME).await;
     put_status(&cp, SV_NAME, status_for(GROUP, &[stale, live]))
@@ -406,14 +365,10 @@ async fn unchanged_stale_entry_only_warns_on(version: Option<&str>) {
 /// Test 5: writes that upstream validation accepts but our beyond-upstream rules reject.
 #[tokio::test(flavor = "multi_thread")]
 async fn beyond_upstream_rules_deny() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
+    let (_serial, cp) = up_at(None).await;
     let certs = Certs::generate();
     let id = "apiserver-e2ebeyond000000000000000";
-    leases(&cp)
-        .create(&PostParams::default(), &live_identity_lease(id))
-        .await
-        .expect("lease");
+    create_lease(&cp, &live_identity_lease(id)).await;
     create_sv(&cp, SV_NAME).await;
     let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
 
@@ -461,11 +416,8 @@ async fn beyond_upstream_rules_deny() {
 /// Test 6: warn mode admits the write of test 2 and the warning reaches the client.
 #[tokio::test(flavor = "multi_thread")]
 async fn warn_mode_admits_with_a_warning() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=warn", "--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_serial, cp) = up_at(None).await;
+    let (_certs, hook) = registered_webhook(&cp, &["--enforcement=warn", "--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
     let id = "apiserver-e2enolease0000000000000";
     let status = status_for(GROUP, &[id]);
@@ -480,11 +432,7 @@ async fn warn_mode_admits_with_a_warning() {
     assert!(sv.entry(id).is_some(), "the write did not land");
     let metrics = hook.metrics().await;
     assert_eq!(
-        metric_sum(
-            &metrics,
-            "storageversion_webhook_admission_reviews_total",
-            &["verdict=\"warned\""]
-        ),
+        reviews_total(&metrics, &["verdict=\"warned\""]),
         1.0,
         "{metrics}"
     );
@@ -494,11 +442,8 @@ async fn warn_mode_admits_with_a_warning() {
 /// finishes its storage version updates. Prints both restart times.
 #[tokio::test(flavor = "multi_thread")]
 async fn webhook_down_with_ignore_does_not_block_restart() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let mut hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Ignore").await;
+    let (_serial, cp) = up_at(None).await;
+    let (_certs, mut hook) = registered_webhook(&cp, &["--no-gc"], "Ignore").await;
 
     let (up_took, up_written) = restart_and_rewrite(&cp).await;
     hook.kill();
@@ -527,58 +472,23 @@ async fn webhook_down_with_ignore_does_not_block_restart() {
 /// within a bounded time, from the cache.
 #[tokio::test(flavor = "multi_thread")]
 async fn lease_view_follows_the_cluster() {
-    let _serial = serial().await;
-    let cp = ControlPlane::up().await;
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = storageversion_webhook::metrics::Metrics::register(&mut registry);
-    let view = KubeLeaseView::spawn(cp.client.clone(), metrics, Duration::from_secs(60));
-    poll_until(Duration::from_secs(30), "lease view to sync", || async {
-        view.is_ready()
-    })
-    .await
-    .expect("sync");
+    let (_serial, cp) = up_at(None).await;
+    let (_registry, view) = synced_lease_view(&cp).await;
     let own = own_apiserver_id(&cp).await;
     assert!(view.cached(&own).is_some(), "the initial list missed {own}");
 
     let id = "apiserver-e2eview000000000000000";
     let leases = leases(&cp);
-    let seen = |want: bool| {
-        let view = &view;
-        move || async move { view.cached(id).is_some() == want }
-    };
-    leases
-        .create(&PostParams::default(), &live_identity_lease(id))
-        .await
-        .expect("create");
-    poll_until(Duration::from_secs(10), "created lease in view", seen(true))
-        .await
-        .expect("create seen");
-    leases
-        .delete(id, &DeleteParams::default())
-        .await
-        .expect("delete");
-    poll_until(
-        Duration::from_secs(10),
-        "deleted lease gone from view",
-        seen(false),
-    )
-    .await
-    .expect("delete seen");
+    create_lease(&cp, &live_identity_lease(id)).await;
+    wait_cached(&view, id, true, "created lease in view").await;
+    delete_lease(&cp, id).await;
+    wait_cached(&view, id, false, "deleted lease gone from view").await;
     // While deleted, a lookup says NotFound (confirmed live).
     assert_eq!(view.lookup(id).await, LeaseLookup::NotFound);
 
     let old = identity_lease(id, Some("kube-apiserver"), Duration::from_secs(600));
-    leases
-        .create(&PostParams::default(), &old)
-        .await
-        .expect("re-create");
-    poll_until(
-        Duration::from_secs(10),
-        "re-created lease in view",
-        seen(true),
-    )
-    .await
-    .expect("re-create seen");
+    create_lease(&cp, &old).await;
+    wait_cached(&view, id, true, "re-created lease in view").await;
     let before = view
         .cached(id)
         .and_then(|r| r.renew_time)

@@ -36,9 +36,7 @@ async fn apiserver_lease_gets(cp: &ControlPlane) -> f64 {
 async fn twenty_thousand_ids_make_a_bounded_number_of_lease_gets_at_the_apiserver() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--enforcement=deny", "--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
+    let (_certs, hook) = registered_webhook(&cp, &["--enforcement=deny", "--no-gc"], "Fail").await;
     create_sv(&cp, SV_NAME).await;
 
     let ids: Vec<String> = (0..20_000).map(|i| format!("hostile-{i:06}")).collect();
@@ -66,12 +64,8 @@ async fn twenty_thousand_ids_make_a_bounded_number_of_lease_gets_at_the_apiserve
     );
 
     let metrics = hook.metrics().await;
-    let webhook_live = metric_sum(&metrics, "storageversion_webhook_lease_lookups_total", &[])
-        - metric_sum(
-            &metrics,
-            "storageversion_webhook_lease_lookups_total",
-            &["result=\"cache_hit\""],
-        );
+    let webhook_live = lease_lookups_total(&metrics, &[])
+        - lease_lookups_total(&metrics, &["result=\"cache_hit\""]);
     eprintln!(
         "lease GETs at kube-apiserver: {} (webhook live lookups {webhook_live})",
         gets_after - gets_before

@@ -14,6 +14,7 @@ use support::gc::{create_lease, kcm_start, kubectl_apply, seed_sv};
 use support::migrate::*;
 use support::{
     live_identity_lease, poll_until, put_status, serial, storage_versions, Certs, ControlPlane,
+    Webhook,
 };
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -63,6 +64,44 @@ async fn common_version(cp: &ControlPlane, name: &str) -> Option<String> {
         .and_then(|sv| sv.status.common_encoding_version)
 }
 
+/// Creates live leases for `A` and `B`, and `W_SV` with their entries agreeing on v1 (and
+/// decoding v1 and v2).
+async fn seed_agreeing_on_v1(cp: &ControlPlane) {
+    for id in [A, B] {
+        create_lease(cp, &live_identity_lease(id)).await;
+    }
+    seed_sv(
+        cp,
+        W_SV,
+        two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"]),
+    )
+    .await;
+}
+
+/// Stops `hook` (it must exit cleanly), starts a new replica with `settle`, waits until it leads
+/// and has made five passes, and asserts that it created and reported nothing again. Returns
+/// the new replica and its metrics.
+async fn restart_quietly(
+    cp: &ControlPlane,
+    mut hook: Webhook,
+    certs: &Certs,
+    settle: &str,
+) -> (Webhook, String) {
+    let status = hook.terminate();
+    assert!(status.success(), "serve exited with {status}");
+    let hook = start_replica(cp, certs, settle).await;
+    poll_until(MINUTE, "the restarted replica to lead", || async {
+        leads(&hook.metrics().await)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_passes(&hook, 5.0).await;
+    let m = hook.metrics().await;
+    assert_eq!(migration_metric(&m, "created_total", &[]), 0.0, "{m}");
+    assert_eq!(migration_metric(&m, "outcomes_total", &[]), 0.0, "{m}");
+    (hook, m)
+}
+
 /// The upgrade this feature is for, on two real kube-apiservers sharing one etcd: objects written
 /// while both emulated 1.36 are stored as v1beta1. The first is upgraded to 1.37: the entries
 /// disagree, and no migration is created however long that lasts. The second is upgraded: after
@@ -96,7 +135,7 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
 
     let certs = Certs::generate();
     let settle = Duration::from_secs(4);
-    let mut hook = start_replica(&cp, &certs, "4s").await;
+    let hook = start_replica(&cp, &certs, "4s").await;
     wait_remembered(&cp, MAP_SV, &v1beta1).await;
 
     // Upgrade apiserver 1 (the webhook and kubectl talk to 0): a mixed control plane.
@@ -230,18 +269,7 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     assert_eq!(state(&cp).await.get(MAP_SV), Some(&v1));
 
     // A restarted webhook creates no second migration and reports nothing again.
-    let status = hook.terminate();
-    assert!(status.success(), "serve exited with {status}");
-    let hook = start_replica(&cp, &certs, "4s").await;
-    poll_until(MINUTE, "the restarted replica to lead", || async {
-        leads(&hook.metrics().await)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    wait_passes(&hook, 5.0).await;
-    let m = hook.metrics().await;
-    assert_eq!(migration_metric(&m, "created_total", &[]), 0.0, "{m}");
-    assert_eq!(migration_metric(&m, "outcomes_total", &[]), 0.0, "{m}");
+    let (_hook, _) = restart_quietly(&cp, hook, &certs, "4s").await;
     assert_eq!(
         migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies")
             .await
@@ -308,15 +336,7 @@ async fn migrates_once_and_only_after_agreement_settles() {
     let _serial = serial().await;
     let t_test = Instant::now();
     let cp = ControlPlane::up().await;
-    for id in [A, B] {
-        create_lease(&cp, &live_identity_lease(id)).await;
-    }
-    seed_sv(
-        &cp,
-        W_SV,
-        two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"]),
-    )
-    .await;
+    seed_agreeing_on_v1(&cp).await;
     let certs = Certs::generate();
     let settle = Duration::from_secs(5);
     let mut a = start_replica(&cp, &certs, "5s").await;
@@ -448,30 +468,30 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
             }),
         );
     }
+    // Every update of a Widget is refused: a policy and its binding, in one List.
     kubectl_apply(
         &cp,
-        &serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": "svw-e2e-no-widget-updates"},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": [W_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
-                    "resources": ["widgets"],
-                }]},
-                "validations": [{"expression": "false", "message": "widgets are frozen (svw e2e)"}],
+        &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": "svw-e2e-no-widget-updates"},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{
+                        "apiGroups": [W_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"],
+                        "resources": ["widgets"],
+                    }]},
+                    "validations": [{"expression": "false", "message": "widgets are frozen (svw e2e)"}],
+                },
             },
-        }),
-    );
-    kubectl_apply(
-        &cp,
-        &serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": "svw-e2e-no-widget-updates"},
-            "spec": {"policyName": "svw-e2e-no-widget-updates", "validationActions": ["Deny"]},
-        }),
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": "svw-e2e-no-widget-updates"},
+                "spec": {"policyName": "svw-e2e-no-widget-updates", "validationActions": ["Deny"]},
+            },
+        ]}),
     );
     // The policy is in force once a plain update is denied.
     poll_until(MINUTE, "the policy to deny widget updates", || async {
@@ -495,17 +515,9 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
     .unwrap_or_else(|e| panic!("{e}"));
     kcm_start(&cp, &[KCM_MIGRATOR]);
 
-    for id in [A, B] {
-        create_lease(&cp, &live_identity_lease(id)).await;
-    }
-    seed_sv(
-        &cp,
-        W_SV,
-        two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"]),
-    )
-    .await;
+    seed_agreeing_on_v1(&cp).await;
     let certs = Certs::generate();
-    let mut hook = start_replica(&cp, &certs, "1s").await;
+    let hook = start_replica(&cp, &certs, "1s").await;
     wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v1")).await;
     set(&cp, two_entries("v2", "v2", &["v1", "v2"], &["v1", "v2"])).await;
     let name = svm::migration_name(W_SV, &format!("{W_GROUP}/v2"));
@@ -546,18 +558,7 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
         1.0,
         "{m}"
     );
-    let status = hook.terminate();
-    assert!(status.success(), "serve exited with {status}");
-    let hook = start_replica(&cp, &certs, "1s").await;
-    poll_until(MINUTE, "the restarted replica to lead", || async {
-        leads(&hook.metrics().await)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    wait_passes(&hook, 5.0).await;
-    let m = hook.metrics().await;
-    assert_eq!(migration_metric(&m, "created_total", &[]), 0.0, "{m}");
-    assert_eq!(migration_metric(&m, "outcomes_total", &[]), 0.0, "{m}");
+    let (_hook, m) = restart_quietly(&cp, hook, &certs, "1s").await;
     assert_eq!(
         migration_metric(&m, "migrations", &["phase=\"failed\""]),
         1.0,

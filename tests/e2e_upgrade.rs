@@ -356,12 +356,7 @@ fn assert_ours_kept_everything(run: &UpgradeRun) {
         lost.is_empty(),
         "entries went missing after they appeared: {lost:#?}"
     );
-    let deleted: Vec<_> = run
-        .timeline
-        .objects
-        .iter()
-        .filter(|o| o.what == "deleted")
-        .collect();
+    let deleted = deletions(&run.timeline);
     assert!(deleted.is_empty(), "StorageVersions deleted: {deleted:?}");
     assert!(
         run.condition_violations.is_empty(),
@@ -417,12 +412,7 @@ async fn upstream_gc_loses_what_ours_keeps() {
         .write_json(&dir.join("ours.json"))
         .unwrap_or_else(|e| panic!("{e}"));
     let up_lost = losses(&up.timeline);
-    let recreated: Vec<_> = up
-        .timeline
-        .objects
-        .iter()
-        .filter(|o| o.what == "deleted")
-        .collect();
+    let recreated = deletions(&up.timeline);
     // What upstream did, for the record (docs/ha-upgrade.md quotes it).
     let mut per_apiserver: BTreeMap<Option<usize>, (usize, f64, usize)> = BTreeMap::new();
     for l in &up_lost {
@@ -530,14 +520,7 @@ async fn leaving_and_crashing_apiservers() {
     let stopped_at = rec.now();
     let (a, b) = tokio::join!(ha.stop(&rec, 2, false), ha.stop(&rec, 1, true));
     let _ = (a, b);
-    let gone = rec
-        .wait_for(
-            "apiserver 2's entries to go",
-            Duration::from_secs(90),
-            |s| s.objects.keys().all(|n| !s.entries_of(n).contains(&2)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let gone = rec.wait_entries_gone(2).await;
     let after = gone.t - stopped_at;
     eprintln!("apiserver 2's entries gone {after:.1}s after its stop");
     assert!(
@@ -570,14 +553,7 @@ async fn leaving_and_crashing_apiservers() {
         "renewTime moved 1 h into the past",
     );
     let expired_at = rec.now();
-    let gone1 = rec
-        .wait_for(
-            "apiserver 1's entries to go",
-            Duration::from_secs(90),
-            |s| s.objects.keys().all(|n| !s.entries_of(n).contains(&1)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let gone1 = rec.wait_entries_gone(1).await;
     eprintln!(
         "apiserver 1's entries gone {:.1}s after its lease was expired",
         gone1.t - expired_at
@@ -603,11 +579,7 @@ async fn leaving_and_crashing_apiservers() {
     }
     let m = hook.metrics().await;
     assert_eq!(
-        metric_sum(
-            &m,
-            "storageversion_webhook_admission_reviews_total",
-            &["verdict=\"denied\""]
-        ),
+        reviews_total(&m, &["verdict=\"denied\""]),
         0.0,
         "denials:\n{m}"
     );

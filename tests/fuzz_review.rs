@@ -22,7 +22,7 @@ use storageversion_webhook::model::{LeaseRecord, IDENTITY_LABEL_VALUE};
 fn admission() -> Admission {
     let mut registry = Registry::default();
     let leases = StaticLeases::new([LeaseRecord {
-        name: "apiserver-a".to_string(),
+        name: apiserver(),
         identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
         renew_time: Some(Timestamp::now()),
         lease_duration_seconds: Some(3600),
@@ -42,44 +42,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-/// A real-looking AdmissionReview of a status UPDATE.
+/// A real-looking AdmissionReview of a status UPDATE by the apiserver whose lease
+/// [`admission`] knows.
 fn review() -> Value {
-    let object = json!({
-        "apiVersion": "internal.apiserver.k8s.io/v1alpha1",
-        "kind": "StorageVersion",
-        "metadata": {"name": "apps.deployments", "generation": 1},
-        "spec": {},
-        "status": {
-            "storageVersions": [{
-                "apiServerID": "apiserver-a",
-                "encodingVersion": "apps/v1",
-                "decodableVersions": ["apps/v1"],
-                "servedVersions": ["apps/v1"],
-            }],
-            "commonEncodingVersion": "apps/v1",
-            "conditions": [{
-                "type": "AllEncodingVersionsEqual",
-                "status": "True",
-                "reason": "CommonEncodingVersionSet",
-                "message": "Common encoding version set",
-            }],
-        },
-    });
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "internal.apiserver.k8s.io", "version": "v1alpha1", "kind": "StorageVersion"},
-            "resource": {"group": "internal.apiserver.k8s.io", "version": "v1alpha1", "resource": "storageversions"},
-            "subResource": "status",
-            "name": "apps.deployments",
-            "operation": "UPDATE",
-            "userInfo": {"username": "system:apiserver", "groups": ["system:masters"]},
-            "object": object.clone(),
-            "oldObject": object,
-        },
-    })
+    svw_testkit::fixtures::status_update_review(&[apiserver()])
+}
+
+/// The one apiserver with a live lease.
+fn apiserver() -> String {
+    svw_testkit::fixtures::apiserver_id(0)
 }
 
 fn arbitrary_json() -> impl Strategy<Value = Value> {

@@ -213,8 +213,24 @@ impl Rig {
     }
 }
 
+/// Ends the term started by [`Rig::start`] and waits for the collector to return.
+async fn stop(token: CancellationToken, task: tokio::task::JoinHandle<()>) {
+    token.cancel();
+    task.await.expect("the collector's task");
+}
+
 fn lease_get(path: &str) -> Option<&str> {
     path.strip_prefix(LEASES)?.strip_prefix('/')
+}
+
+/// Whether `call` is the GET of the lease `id`.
+fn gets_lease(call: &Call, id: &str) -> bool {
+    call.method == "GET" && lease_get(&call.path) == Some(id)
+}
+
+/// One StorageVersion, with only the entry of the gone apiserver.
+fn gone_only() -> Vec<Value> {
+    vec![sv("a.example.com.widgets", "10", &[GONE])]
 }
 
 /// The grace, then one GET per gone lease, then one write per object: the cost the issue asks
@@ -222,7 +238,10 @@ fn lease_get(path: &str) -> Option<&str> {
 /// resourceVersion.
 #[tokio::test(start_paused = true)]
 async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
-    let objects: Vec<Value> = (0..3)
+    // More objects than the rig's concurrency (4), so that a collector recording each Event right
+    // after its write would send one before the last writes.
+    const N: usize = 6;
+    let objects: Vec<Value> = (0..N)
         .map(|i| {
             sv(
                 &format!("o{i}.example.com.widgets"),
@@ -232,7 +251,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         })
         .collect();
     let rig = rig(objects, |call, _| {
-        if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
+        if gets_lease(call, GONE) {
             not_found()
         } else if call.method == "PUT" && call.path.ends_with("/status") {
             let mut body = call.body.clone();
@@ -250,13 +269,13 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         "looked up before the grace"
     );
     assert!(
-        rig.metric("stale_entries").ends_with(" 3"),
+        rig.metric("stale_entries").ends_with(&format!(" {N}")),
         "{}",
         rig.metric("stale_entries")
     );
 
     rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 3
+        r.calls("PUT", "/status").len() == N
     })
     .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -268,7 +287,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         gets[0].at
     );
     let puts = rig.calls("PUT", "/status");
-    assert_eq!(puts.len(), 3, "one write per object");
+    assert_eq!(puts.len(), N, "one write per object");
     assert!(
         rig.calls("GET", SVS).len() == 1,
         "only the initial list read objects"
@@ -284,8 +303,20 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         assert_eq!(put.body["status"]["futureField"], json!({"kept": true}));
         assert!(put.body["metadata"].get("managedFields").is_none());
     }
-    token.cancel();
-    task.await.unwrap();
+    // One Event per changed object, recorded after the batch's writes (not between them).
+    let log = rig.log.lock().unwrap().clone();
+    let last_put = log
+        .iter()
+        .rposition(|c| c.method == "PUT" && c.path.ends_with("/status"));
+    let events: Vec<usize> = (0..log.len())
+        .filter(|&i| log[i].method == "POST" && log[i].path.contains("/events"))
+        .collect();
+    assert_eq!(events.len(), N, "one Event per changed object: {log:#?}");
+    assert!(
+        events.iter().all(|&i| Some(i) > last_put),
+        "an Event between the writes: {log:#?}"
+    );
+    stop(token, task).await;
     assert!(rig.metric("stale_entries").ends_with(" 0"));
 }
 
@@ -295,7 +326,7 @@ async fn a_lease_back_at_the_recheck_keeps_every_entry() {
     let rig = rig(
         vec![sv("a.example.com.widgets", "10", &[GONE, LIVE])],
         |call, _| {
-            if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
+            if gets_lease(call, GONE) {
                 Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
             } else {
                 status(500, "unexpected")
@@ -310,8 +341,7 @@ async fn a_lease_back_at_the_recheck_keeps_every_entry() {
     tokio::time::sleep(Duration::from_secs(100)).await;
     assert!(rig.calls("PUT", SVS).is_empty() && rig.calls("DELETE", SVS).is_empty());
     assert!(rig.metric("lease_checks").contains("result=\"present\""));
-    token.cancel();
-    task.await.unwrap();
+    stop(token, task).await;
 }
 
 /// A conflict reads the object again and writes what is left of the fresh copy.
@@ -320,7 +350,7 @@ async fn a_conflict_reads_again_and_retries_on_the_fresh_copy() {
     let name = "a.example.com.widgets";
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
         let puts = earlier.iter().filter(|c| c.method == "PUT").count();
-        if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
+        if gets_lease(call, GONE) {
             not_found()
         } else if call.method == "PUT" && puts == 0 {
             status(409, "Conflict")
@@ -345,23 +375,19 @@ async fn a_conflict_reads_again_and_retries_on_the_fresh_copy() {
         json!([entry(LIVE), entry("apiserver-new")])
     );
     assert_eq!(rig.calls("GET", LEASES).len(), 1);
-    token.cancel();
-    task.await.unwrap();
+    stop(token, task).await;
 }
 
 /// A lookup that fails removes nothing, and is retried with backoff.
 #[tokio::test(start_paused = true)]
 async fn lookup_errors_remove_nothing() {
-    let rig = rig(
-        vec![sv("a.example.com.widgets", "10", &[GONE])],
-        |call, _| {
-            if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
-                status(500, "InternalError")
-            } else {
-                status(500, "unexpected")
-            }
-        },
-    );
+    let rig = rig(gone_only(), |call, _| {
+        if gets_lease(call, GONE) {
+            status(500, "InternalError")
+        } else {
+            status(500, "unexpected")
+        }
+    });
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         r.calls("GET", LEASES).len() >= 4
@@ -373,33 +399,28 @@ async fn lookup_errors_remove_nothing() {
         gets[1].at > gets[0].at && gets[3].at - gets[2].at >= gets[1].at - gets[0].at,
         "backoff: {gets:#?}"
     );
-    token.cancel();
-    task.await.unwrap();
+    stop(token, task).await;
 }
 
 /// Hand-over: a term that ends stops at once (nothing looked up or written after), and the next
 /// term counts its grace from its own start.
 #[tokio::test(start_paused = true)]
 async fn a_new_term_counts_the_grace_from_its_start() {
-    let rig = rig(
-        vec![sv("a.example.com.widgets", "10", &[GONE])],
-        |call, _| {
-            if call.method == "GET" && lease_get(&call.path) == Some(GONE) {
-                not_found()
-            } else if call.method == "DELETE" {
-                Reply::Json(
-                    200,
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-                )
-            } else {
-                status(500, "unexpected")
-            }
-        },
-    );
+    let rig = rig(gone_only(), |call, _| {
+        if gets_lease(call, GONE) {
+            not_found()
+        } else if call.method == "DELETE" {
+            Reply::Json(
+                200,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            )
+        } else {
+            status(500, "unexpected")
+        }
+    });
     let (token, task) = rig.start();
     tokio::time::sleep(GRACE - Duration::from_secs(5)).await;
-    token.cancel();
-    task.await.unwrap();
+    stop(token, task).await;
     tokio::time::sleep(GRACE).await;
     assert!(
         rig.calls("GET", LEASES).is_empty(),
@@ -422,6 +443,5 @@ async fn a_new_term_counts_the_grace_from_its_start() {
         delete.body["preconditions"]["uid"],
         "uid-a.example.com.widgets"
     );
-    token.cancel();
-    task.await.unwrap();
+    stop(token, task).await;
 }

@@ -56,6 +56,17 @@ async fn kubectl_runs_the_plugin_on_its_current_context() {
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, serde_json::to_string(&kc).expect("JSON")).expect("write");
     let k = || kubectl(dir.path(), &kubeconfig);
+    // `kubectl storageversions ARGS`: asserts its exit code and that its output has `has`.
+    let sv = |args: &[&str], want: i32, has: &str| {
+        let out = run(k().arg("storageversions").args(args), None);
+        assert_eq!(code(&out), Some(want), "{args:?}: {}", text(&out));
+        assert!(
+            text(&out).contains(has),
+            "{args:?}: no {has:?} in {}",
+            text(&out)
+        );
+        out
+    };
 
     // kubectl finds it.
     let out = run(k().args(["plugin", "list"]), None);
@@ -75,13 +86,7 @@ async fn kubectl_runs_the_plugin_on_its_current_context() {
         !help.lines().any(|l| l.trim_start().starts_with("serve ")),
         "{help}"
     );
-    let out = run(k().args(["storageversions", "no-such-command"]), None);
-    assert_eq!(code(&out), Some(2), "{}", text(&out));
-    assert!(
-        text(&out).contains("kubectl storageversions"),
-        "{}",
-        text(&out)
-    );
+    sv(&["no-such-command"], 2, "kubectl storageversions");
 
     // rules: the rule catalogue, text and JSON, exactly as the binary renders it itself.
     assert!(help.contains("rules"), "{help}");
@@ -89,21 +94,14 @@ async fn kubectl_runs_the_plugin_on_its_current_context() {
         ("text", storageversion_webhook::catalog::RulesOutput::Text),
         ("json", storageversion_webhook::catalog::RulesOutput::Json),
     ] {
-        let out = run(
-            k().args(["storageversions", "rules", "--output", flag]),
-            None,
-        );
-        assert_eq!(code(&out), Some(0), "{}", text(&out));
+        let out = sv(&["rules", "--output", flag], 0, "lease-missing");
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             storageversion_webhook::catalog::render(format),
             "kubectl storageversions rules --output {flag}"
         );
     }
-    let out = run(
-        k().args(["storageversions", "rules", "--output", "json"]),
-        None,
-    );
+    let out = sv(&["rules", "--output", "json"], 0, "lease-missing");
     let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
     assert!(
         listed
@@ -114,67 +112,36 @@ async fn kubectl_runs_the_plugin_on_its_current_context() {
     );
 
     // check: offline files.
-    let out = run(
-        k().args([
-            "storageversions",
-            "check",
-            "tests/fixtures/check/deployments.yaml",
-        ]),
-        None,
+    sv(
+        &["check", "tests/fixtures/check/deployments.yaml"],
+        0,
+        "allowed",
     );
-    assert_eq!(code(&out), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("allowed"), "{}", text(&out));
-    let out = run(
-        k().args([
-            "storageversions",
-            "check",
-            "tests/fixtures/check/bad-encoding.yaml",
-        ]),
-        None,
-    );
-    assert_eq!(code(&out), Some(1), "{}", text(&out));
-    assert!(
-        text(&out).contains("encoding-not-decodable"),
-        "{}",
-        text(&out)
+    sv(
+        &["check", "tests/fixtures/check/bad-encoding.yaml"],
+        1,
+        "encoding-not-decodable",
     );
 
     // audit: the current context's cluster. First clean, then with an entry of an apiserver that
     // has no lease.
-    let out = run(k().args(["storageversions", "audit"]), None);
-    assert_eq!(code(&out), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("clean"), "{}", text(&out));
-    support::create_sv(&cp, "apps.h11plugin").await;
-    support::put_status(
+    sv(&["audit"], 0, "clean");
+    support::gc::seed_sv(
         &cp,
         "apps.h11plugin",
         support::status_for("apps", &["h11-gone"]),
     )
-    .await
-    .expect("write an entry of an apiserver without a lease");
-    let out = run(k().args(["storageversions", "audit"]), None);
-    assert_eq!(code(&out), Some(1), "{}", text(&out));
-    assert!(
-        text(&out).contains("apps.h11plugin h11-gone"),
-        "{}",
-        text(&out)
-    );
-    let out = run(
-        k().args(["storageversions", "audit", "--output", "json"]),
-        None,
-    );
-    assert_eq!(code(&out), Some(1), "{}", text(&out));
+    .await;
+    sv(&["audit"], 1, "apps.h11plugin h11-gone");
+    let out = sv(&["audit", "--output", "json"], 1, "h11-gone");
     let report: Value = serde_json::from_slice(&out.stdout).expect("audit JSON");
     assert!(report.to_string().contains("h11-gone"), "{report}");
 
     // Switching kubectl's current context switches the plugin's cluster.
     let out = run(k().args(["config", "use-context", "nowhere"]), None);
     assert!(out.status.success(), "{}", text(&out));
-    let out = run(k().args(["storageversions", "audit"]), None);
-    assert_eq!(code(&out), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("error"), "{}", text(&out));
+    sv(&["audit"], 2, "error");
     let out = run(k().args(["config", "use-context", &real_context]), None);
     assert!(out.status.success(), "{}", text(&out));
-    let out = run(k().args(["storageversions", "audit"]), None);
-    assert_eq!(code(&out), Some(1), "{}", text(&out));
+    sv(&["audit"], 1, "apps.h11plugin h11-gone");
 }

@@ -27,7 +27,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use serde_json::Value;
+use support::gc::{create_lease, delete_lease, wait_collected};
 use support::node::{image, output, text};
+use support::ops::helm_on;
 use support::*;
 
 const CHART: &str = "charts/storageversion-webhook";
@@ -39,18 +41,6 @@ const GROUP: &str = "node.example.com";
 
 fn webhook_name(ns: &str) -> String {
     format!("storageversions.{FULLNAME}.{ns}.svc")
-}
-
-/// The pinned helm, with its cache and config kept under the target dir, on `cp`.
-fn helm(cp: &ControlPlane) -> Command {
-    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
-    let mut cmd = Command::new(bin_dir().join("helm"));
-    cmd.current_dir(repo_root())
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env("KUBECONFIG", &cp.kubeconfig);
-    cmd
 }
 
 /// Runs `cmd`; on failure panics with its output and the node's state; returns stdout.
@@ -365,6 +355,21 @@ fn leftovers(cp: &ControlPlane, ns: &str, keep: &[&str]) -> Vec<String> {
     left
 }
 
+/// `helm uninstall` (waiting up to 120 s), then [`uninstalled`].
+async fn uninstall(cp: &ControlPlane, ns: &str, keep: &[&str]) {
+    let args = [
+        "uninstall",
+        RELEASE,
+        "-n",
+        ns,
+        "--wait",
+        "--timeout",
+        "120s",
+    ];
+    ok(cp, helm_on(cp).args(args));
+    uninstalled(cp, ns, keep).await;
+}
+
 /// After `helm uninstall`: nothing of the release is left once its pods have terminated. The
 /// garbage collector's leader Lease is made by the pods, not by Helm, and stays (a known gap,
 /// docs/node.md): it is listed here so that anything else left fails the test.
@@ -439,7 +444,7 @@ async fn chart_runs_on_a_real_node() {
 
     // --- helm-made certificates: install, serve, deny, elect, uninstall.
     let ns = "svw-helm";
-    let mut install = helm(&cp);
+    let mut install = helm_on(&cp);
     install
         .arg("install")
         .args(chart_args(ns, &["--create-namespace"]));
@@ -475,19 +480,7 @@ async fn chart_runs_on_a_real_node() {
             .any(|(name, _)| holder.starts_with(name.as_str())),
         "leader {holder} is none of the pods {pods:?}"
     );
-    ok(
-        &cp,
-        helm(&cp).args([
-            "uninstall",
-            RELEASE,
-            "-n",
-            ns,
-            "--wait",
-            "--timeout",
-            "120s",
-        ]),
-    );
-    uninstalled(&cp, ns, &[]).await;
+    uninstall(&cp, ns, &[]).await;
     eprintln!("helm mode done after {:?}", t0.elapsed());
 
     // --- an existing Secret, with writes going on throughout.
@@ -505,7 +498,7 @@ async fn chart_runs_on_a_real_node() {
             .arg("--key")
             .arg(&key1),
     );
-    let mut install = helm(&cp);
+    let mut install = helm_on(&cp);
     install.arg("install").args(chart_args(
         ns,
         &[
@@ -567,12 +560,8 @@ async fn chart_runs_on_a_real_node() {
     writer.progress(20, "writes after the rotation").await;
 
     // The leader pod deleted: the other replica takes over and collects a lease deleted later.
-    let leases: Api<Lease> = Api::namespaced(cp.client.clone(), "kube-system");
     let gone_id = "apiserver-nodetest-collected00000";
-    leases
-        .create(&PostParams::default(), &live_identity_lease(gone_id))
-        .await
-        .expect("identity lease");
+    create_lease(&cp, &live_identity_lease(gone_id)).await;
     let collected = "node.example.com.collected";
     create_sv(&cp, collected).await;
     put_status(&cp, collected, status_for(GROUP, &[&own_id, gone_id]))
@@ -591,26 +580,11 @@ async fn chart_runs_on_a_real_node() {
         .expect("delete the leader pod");
     let second = leader(&cp, ns, Some(&first)).await;
     eprintln!("leader {first} deleted; {second} took over");
-    leases
-        .delete(gone_id, &DeleteParams::default())
+    delete_lease(&cp, gone_id).await;
+    // The new leader collects the deleted lease's entry.
+    wait_collected(&cp, collected, gone_id, &own_id, Duration::from_secs(60))
         .await
-        .expect("delete the identity lease");
-    poll_until(
-        Duration::from_secs(60),
-        "the new leader to collect the deleted lease's entry",
-        || async {
-            storage_versions(&cp)
-                .get(collected)
-                .await
-                .ok()
-                .and_then(|s| serde_json::to_value(s.status).ok())
-                .is_some_and(|st| {
-                    !st.to_string().contains(gone_id) && st.to_string().contains(&own_id)
-                })
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cp)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cp)));
     let pods = ready_pods(&cp, ns, 2).await;
 
     // The PodDisruptionBudget (maxUnavailable 1) is computed by the real disruption controller
@@ -646,7 +620,7 @@ async fn chart_runs_on_a_real_node() {
     let pods = ready_pods(&cp, ns, 2).await;
 
     // helm upgrade with a new value: the pods roll, writes keep succeeding.
-    let mut upgrade = helm(&cp);
+    let mut upgrade = helm_on(&cp);
     upgrade.arg("upgrade").args(chart_args(
         ns,
         &["--reuse-values", "--set", "podAnnotations.rolled=yes"],
@@ -665,18 +639,6 @@ async fn chart_runs_on_a_real_node() {
     );
     assert!(failures.is_empty(), "writes failed: {failures:?}");
 
-    ok(
-        &cp,
-        helm(&cp).args([
-            "uninstall",
-            RELEASE,
-            "-n",
-            ns,
-            "--wait",
-            "--timeout",
-            "120s",
-        ]),
-    );
-    uninstalled(&cp, ns, &["secret/svw-serving"]).await;
+    uninstall(&cp, ns, &["secret/svw-serving"]).await;
     eprintln!("done after {:?}", t0.elapsed());
 }

@@ -21,9 +21,10 @@ use std::time::Duration;
 use regex::Regex;
 use serde_json::{json, Value};
 
+use support::gc::{create_lease, delete_lease, seed_sv};
 use support::ops::{self, ok, render, run, text};
 use support::{
-    leases, live_identity_lease, poll_until, register_webhook, serial, Certs, ControlPlane, Webhook,
+    live_identity_lease, poll_until, register_webhook, serial, Certs, ControlPlane, Webhook,
 };
 
 // ------------------------------------------------------------------------------ helpers --
@@ -73,12 +74,13 @@ fn without_grafana_variables(expr: &str) -> String {
         .replace("$namespace", ".*")
 }
 
-/// Writes `content` to a new temp file named `name`; returns the dir (keep it alive).
-fn temp_file(name: &str, content: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+/// `promtool <command> rules FILE` on `content` written to a temp file named `name`.
+fn promtool_rules(command: &str, name: &str, content: &Value) -> std::process::Output {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join(name);
-    std::fs::write(&path, content).expect("write temp file");
-    (dir, path)
+    // JSON is YAML.
+    std::fs::write(&path, content.to_string()).expect("write temp file");
+    run(ops::promtool().args([command, "rules"]).arg(&path), None)
 }
 
 // ------------------------------------------------------------------- promtool: alerts --
@@ -110,6 +112,46 @@ fn check(alert: &str, at: &str, expected: Vec<Value>) -> Value {
     json!({"eval_time": at, "alertname": alert, "exp_alerts": expected})
 }
 
+/// A check that `alert` fires at `at` with `labels` (and its annotations filled with `fill`).
+fn fires(alert: &str, at: &str, labels: Value, fill: &[(&str, &str)]) -> Value {
+    check(alert, at, vec![firing(alert, labels, fill)])
+}
+
+/// A check that `alert` does not fire at `at`.
+fn quiet(alert: &str, at: &str) -> Value {
+    check(alert, at, vec![])
+}
+
+/// Checks that `alert` is quiet at `quiet_at` and fires at `fire_at` with `labels`.
+fn quiet_then_fires(alert: &str, quiet_at: &str, fire_at: &str, labels: Value) -> Vec<Value> {
+    vec![
+        quiet(alert, quiet_at),
+        fires(alert, fire_at, labels, FILL_POD),
+    ]
+}
+
+/// The lease view's staleness and synced series of pod svw-0.
+fn lease_view(staleness: &str, synced: &str) -> Value {
+    json!([
+        pod_series(
+            "storageversion_webhook_lease_view_staleness_seconds",
+            staleness
+        ),
+        pod_series("storageversion_webhook_lease_view_synced", synced),
+    ])
+}
+
+/// The GC leader series of pods svw-0 and svw-1.
+fn gc_leaders(svw0: &str, svw1: &str) -> Value {
+    json!([
+        pod_series("storageversion_webhook_gc_leader", svw0),
+        s(
+            r#"storageversion_webhook_gc_leader{namespace="svw",pod="svw-1"}"#,
+            svw1
+        ),
+    ])
+}
+
 fn case(series: Value, checks: Vec<Value>) -> Value {
     json!({"interval": "1m", "input_series": series, "alert_rule_test": checks})
 }
@@ -119,6 +161,11 @@ fn s(series: &str, values: &str) -> Value {
 }
 
 const POD: &str = r#"namespace="svw",pod="svw-0""#;
+
+/// The series `metric{POD}` with `values`.
+fn pod_series(metric: &str, values: &str) -> Value {
+    s(&format!("{metric}{{{POD}}}"), values)
+}
 
 fn pod_labels(severity: &str) -> Value {
     json!({"namespace": "svw", "pod": "svw-0", "severity": severity})
@@ -140,10 +187,17 @@ fn alert_cases() -> Vec<Value> {
     let denied_by_apiserver = format!(
         r#"{reviews}{{{POD},operation="UPDATE",subresource="status",requester="apiserver",verdict="denied"}}"#
     );
-    let bucket = |le: &str| {
-        format!(
-            r#"storageversion_webhook_admission_review_duration_seconds_bucket{{{POD},le="{le}"}}"#
-        )
+    // The latency histogram's series for the buckets 5 ms, 100 ms, 250 ms and +Inf.
+    let buckets = |values: [&str; 4]| {
+        let series = ["0.005", "0.1", "0.25", "+Inf"].iter().zip(values).map(|(le, v)| {
+            s(
+                &format!(
+                    r#"storageversion_webhook_admission_review_duration_seconds_bucket{{{POD},le="{le}"}}"#
+                ),
+                v,
+            )
+        });
+        Value::Array(series.collect())
     };
     let expiry = "storageversion_webhook_serving_certificate_expiry_seconds";
     vec![
@@ -151,50 +205,41 @@ fn alert_cases() -> Vec<Value> {
         case(
             json!([]),
             vec![
-                check("StorageVersionWebhookUnavailable", "4m", vec![]),
-                check(
+                quiet("StorageVersionWebhookUnavailable", "4m"),
+                fires(
                     "StorageVersionWebhookUnavailable",
                     "6m",
-                    vec![firing(
-                        "StorageVersionWebhookUnavailable",
-                        json!({"severity": "critical"}),
-                        &[],
-                    )],
+                    json!({"severity": "critical"}),
+                    &[],
                 ),
             ],
         ),
         case(
             json!([
-                s(&format!("storageversion_webhook_ready{{{POD}}}"), "0x20"),
+                pod_series("storageversion_webhook_ready", "0x20"),
                 s(
                     r#"storageversion_webhook_ready{namespace="svw",pod="svw-1"}"#,
                     "1x20"
                 ),
             ]),
             vec![
-                check("StorageVersionWebhookUnavailable", "15m", vec![]),
-                check("StorageVersionWebhookNotReady", "9m", vec![]),
-                check(
+                quiet("StorageVersionWebhookUnavailable", "15m"),
+                quiet("StorageVersionWebhookNotReady", "9m"),
+                fires(
                     "StorageVersionWebhookNotReady",
                     "11m",
-                    vec![firing(
-                        "StorageVersionWebhookNotReady",
-                        pod_labels("warning"),
-                        FILL_POD,
-                    )],
+                    pod_labels("warning"),
+                    FILL_POD,
                 ),
             ],
         ),
         case(
-            json!([s(&format!("storageversion_webhook_ready{{{POD}}}"), "0x20")]),
-            vec![check(
+            json!([pod_series("storageversion_webhook_ready", "0x20")]),
+            vec![fires(
                 "StorageVersionWebhookUnavailable",
                 "6m",
-                vec![firing(
-                    "StorageVersionWebhookUnavailable",
-                    json!({"severity": "critical"}),
-                    &[],
-                )],
+                json!({"severity": "critical"}),
+                &[],
             )],
         ),
         // A denied apiserver write: the first one (the series appears at 1), and later ones;
@@ -203,33 +248,27 @@ fn alert_cases() -> Vec<Value> {
         case(
             json!([s(&denied_by_apiserver, "_x10 1x30")]),
             vec![
-                check("StorageVersionWebhookDeniedAPIServerWrite", "9m", vec![]),
-                check(
+                quiet("StorageVersionWebhookDeniedAPIServerWrite", "9m"),
+                fires(
                     "StorageVersionWebhookDeniedAPIServerWrite",
                     "11m",
-                    vec![firing(
-                        "StorageVersionWebhookDeniedAPIServerWrite",
-                        ns_labels("critical"),
-                        FILL_POD,
-                    )],
+                    ns_labels("critical"),
+                    FILL_POD,
                 ),
-                check("StorageVersionWebhookDeniedAPIServerWrite", "22m", vec![]),
+                quiet("StorageVersionWebhookDeniedAPIServerWrite", "22m"),
             ],
         ),
         case(
             json!([s(&denied_by_apiserver, "0x10 3x30")]),
             vec![
-                check("StorageVersionWebhookDeniedAPIServerWrite", "9m", vec![]),
-                check(
+                quiet("StorageVersionWebhookDeniedAPIServerWrite", "9m"),
+                fires(
                     "StorageVersionWebhookDeniedAPIServerWrite",
                     "12m",
-                    vec![firing(
-                        "StorageVersionWebhookDeniedAPIServerWrite",
-                        ns_labels("critical"),
-                        FILL_POD,
-                    )],
+                    ns_labels("critical"),
+                    FILL_POD,
                 ),
-                check("StorageVersionWebhookDeniedAPIServerWrite", "25m", vec![]),
+                quiet("StorageVersionWebhookDeniedAPIServerWrite", "25m"),
             ],
         ),
         case(
@@ -248,109 +287,53 @@ fn alert_cases() -> Vec<Value> {
                 ),
             ]),
             vec![
-                check("StorageVersionWebhookDeniedAPIServerWrite", "7m", vec![]),
-                check("StorageVersionWebhookDeniedAPIServerWrite", "20m", vec![]),
+                quiet("StorageVersionWebhookDeniedAPIServerWrite", "7m"),
+                quiet("StorageVersionWebhookDeniedAPIServerWrite", "20m"),
             ],
         ),
         // Lease view stale (watch broken for more than 60 s), or never synced.
         case(
-            json!([
-                s(
-                    &format!("storageversion_webhook_lease_view_staleness_seconds{{{POD}}}"),
-                    "0 0 90+60x20"
-                ),
-                s(
-                    &format!("storageversion_webhook_lease_view_synced{{{POD}}}"),
-                    "1x20"
-                ),
-            ]),
-            vec![
-                check("StorageVersionWebhookLeaseViewStale", "5m", vec![]),
-                check(
-                    "StorageVersionWebhookLeaseViewStale",
-                    "8m",
-                    vec![firing(
-                        "StorageVersionWebhookLeaseViewStale",
-                        pod_labels("warning"),
-                        FILL_POD,
-                    )],
-                ),
-            ],
+            lease_view("0 0 90+60x20", "1x20"),
+            quiet_then_fires(
+                "StorageVersionWebhookLeaseViewStale",
+                "5m",
+                "8m",
+                pod_labels("warning"),
+            ),
         ),
         case(
-            json!([
-                s(
-                    &format!("storageversion_webhook_lease_view_staleness_seconds{{{POD}}}"),
-                    "0x20"
-                ),
-                s(
-                    &format!("storageversion_webhook_lease_view_synced{{{POD}}}"),
-                    "0x20"
-                ),
-            ]),
-            vec![check(
+            lease_view("0x20", "0x20"),
+            vec![fires(
                 "StorageVersionWebhookLeaseViewStale",
                 "6m",
-                vec![firing(
-                    "StorageVersionWebhookLeaseViewStale",
-                    pod_labels("warning"),
-                    FILL_POD,
-                )],
+                pod_labels("warning"),
+                FILL_POD,
             )],
         ),
         case(
-            json!([
-                s(
-                    &format!("storageversion_webhook_lease_view_staleness_seconds{{{POD}}}"),
-                    "0 30 0 45 0x20"
-                ),
-                s(
-                    &format!("storageversion_webhook_lease_view_synced{{{POD}}}"),
-                    "1x20"
-                ),
-            ]),
-            vec![check("StorageVersionWebhookLeaseViewStale", "15m", vec![])],
+            lease_view("0 30 0 45 0x20", "1x20"),
+            vec![quiet("StorageVersionWebhookLeaseViewStale", "15m")],
         ),
         // Admission p99: every review between 100 and 250 ms fires it; below 5 ms does not.
         case(
-            json!([
-                s(&bucket("0.005"), "0x30"),
-                s(&bucket("0.1"), "0x30"),
-                s(&bucket("0.25"), "0+60x30"),
-                s(&bucket("+Inf"), "0+60x30"),
-            ]),
-            vec![
-                check("StorageVersionWebhookSlowAdmission", "8m", vec![]),
-                check(
-                    "StorageVersionWebhookSlowAdmission",
-                    "20m",
-                    vec![firing(
-                        "StorageVersionWebhookSlowAdmission",
-                        ns_labels("warning"),
-                        FILL_POD,
-                    )],
-                ),
-            ],
+            buckets(["0x30", "0x30", "0+60x30", "0+60x30"]),
+            quiet_then_fires(
+                "StorageVersionWebhookSlowAdmission",
+                "8m",
+                "20m",
+                ns_labels("warning"),
+            ),
         ),
         case(
-            json!([
-                s(&bucket("0.005"), "0+600x30"),
-                s(&bucket("0.1"), "0+600x30"),
-                s(&bucket("0.25"), "0+600x30"),
-                s(&bucket("+Inf"), "0+600x30"),
-            ]),
-            vec![check("StorageVersionWebhookSlowAdmission", "20m", vec![])],
+            buckets(["0+600x30", "0+600x30", "0+600x30", "0+600x30"]),
+            vec![quiet("StorageVersionWebhookSlowAdmission", "20m")],
         ),
         // Certificate expiry: 11.5 days left warns after an hour; 1.2 days is also critical at
         // once; 30 days is quiet.
         case(
             json!([s(&format!("{expiry}{{{POD}}}"), "1000000x90")]),
             vec![
-                check(
-                    "StorageVersionWebhookCertificateExpiringSoon",
-                    "30m",
-                    vec![],
-                ),
+                quiet("StorageVersionWebhookCertificateExpiringSoon", "30m"),
                 check(
                     "StorageVersionWebhookCertificateExpiringSoon",
                     "61m",
@@ -363,11 +346,7 @@ fn alert_cases() -> Vec<Value> {
                         ],
                     )],
                 ),
-                check(
-                    "StorageVersionWebhookCertificateExpiryCritical",
-                    "61m",
-                    vec![],
-                ),
+                quiet("StorageVersionWebhookCertificateExpiryCritical", "61m"),
             ],
         ),
         case(
@@ -387,49 +366,21 @@ fn alert_cases() -> Vec<Value> {
         ),
         case(
             json!([s(&format!("{expiry}{{{POD}}}"), "2592000x90")]),
-            vec![check(
-                "StorageVersionWebhookCertificateExpiringSoon",
-                "80m",
-                vec![],
-            )],
+            vec![quiet("StorageVersionWebhookCertificateExpiringSoon", "80m")],
         ),
         // No GC leader among the replicas for 10 minutes; one leader is quiet.
         case(
-            json!([
-                s(
-                    &format!("storageversion_webhook_gc_leader{{{POD}}}"),
-                    "1 1 0x20"
-                ),
-                s(
-                    r#"storageversion_webhook_gc_leader{namespace="svw",pod="svw-1"}"#,
-                    "0x22"
-                ),
-            ]),
-            vec![
-                check("StorageVersionGCNoLeader", "10m", vec![]),
-                check(
-                    "StorageVersionGCNoLeader",
-                    "13m",
-                    vec![firing(
-                        "StorageVersionGCNoLeader",
-                        ns_labels("warning"),
-                        FILL_POD,
-                    )],
-                ),
-            ],
+            gc_leaders("1 1 0x20", "0x22"),
+            quiet_then_fires(
+                "StorageVersionGCNoLeader",
+                "10m",
+                "13m",
+                ns_labels("warning"),
+            ),
         ),
         case(
-            json!([
-                s(
-                    &format!("storageversion_webhook_gc_leader{{{POD}}}"),
-                    "0x20"
-                ),
-                s(
-                    r#"storageversion_webhook_gc_leader{namespace="svw",pod="svw-1"}"#,
-                    "1x20"
-                ),
-            ]),
-            vec![check("StorageVersionGCNoLeader", "15m", vec![])],
+            gc_leaders("0x20", "1x20"),
+            vec![quiet("StorageVersionGCNoLeader", "15m")],
         ),
         // GC errors in every 5-minute window for 15 minutes; a single burst is quiet.
         case(
@@ -439,18 +390,12 @@ fn alert_cases() -> Vec<Value> {
                 ),
                 "0+1x40"
             ),]),
-            vec![
-                check("StorageVersionGCFailing", "10m", vec![]),
-                check(
-                    "StorageVersionGCFailing",
-                    "20m",
-                    vec![firing(
-                        "StorageVersionGCFailing",
-                        ns_labels("warning"),
-                        FILL_POD,
-                    )],
-                ),
-            ],
+            quiet_then_fires(
+                "StorageVersionGCFailing",
+                "10m",
+                "20m",
+                ns_labels("warning"),
+            ),
         ),
         case(
             json!([s(
@@ -459,16 +404,16 @@ fn alert_cases() -> Vec<Value> {
                 ),
                 "0 0 5x40"
             ),]),
-            vec![check("StorageVersionGCFailing", "30m", vec![])],
+            vec![quiet("StorageVersionGCFailing", "30m")],
         ),
         // Stale entries for 15 minutes; a few minutes (the collector's grace) are quiet.
         case(
-            json!([s(
-                &format!("storageversion_webhook_gc_stale_entries{{{POD}}}"),
+            json!([pod_series(
+                "storageversion_webhook_gc_stale_entries",
                 "3x20"
             )]),
             vec![
-                check("StorageVersionStaleEntries", "14m", vec![]),
+                quiet("StorageVersionStaleEntries", "14m"),
                 check(
                     "StorageVersionStaleEntries",
                     "16m",
@@ -481,11 +426,11 @@ fn alert_cases() -> Vec<Value> {
             ],
         ),
         case(
-            json!([s(
-                &format!("storageversion_webhook_gc_stale_entries{{{POD}}}"),
+            json!([pod_series(
+                "storageversion_webhook_gc_stale_entries",
                 "2x6 0x30"
             )]),
-            vec![check("StorageVersionStaleEntries", "20m", vec![])],
+            vec![quiet("StorageVersionStaleEntries", "20m")],
         ),
     ]
 }
@@ -540,9 +485,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
         "evaluation_interval": "1m",
         "tests": cases,
     });
-    // JSON is YAML.
-    let (_dir, path) = temp_file("alerts_test.yaml", &tests.to_string());
-    let out = run(ops::promtool().args(["test", "rules"]).arg(&path), None);
+    let out = promtool_rules("test", "alerts_test.yaml", &tests);
     assert!(
         out.status.success(),
         "promtool test rules failed:\n{}",
@@ -578,8 +521,7 @@ fn every_dashboard_query_parses_with_promtool() {
         })
         .collect();
     let file = json!({"groups": [{"name": "dashboard", "rules": rules}]});
-    let (_dir, path) = temp_file("dashboard_rules.yaml", &file.to_string());
-    let out = run(ops::promtool().args(["check", "rules"]).arg(&path), None);
+    let out = promtool_rules("check", "dashboard_rules.yaml", &file);
     assert!(
         out.status.success(),
         "a dashboard query does not parse:\n{}",
@@ -593,11 +535,7 @@ fn every_dashboard_query_parses_with_promtool() {
 
     // A query that does not parse is caught (the check can fail).
     let bad = json!({"groups": [{"name": "bad", "rules": [{"record": "svw:bad", "expr": "sum by (verdict (rate(x[5m]))"}]}]});
-    let (_dir2, bad_path) = temp_file("bad_rules.yaml", &bad.to_string());
-    let out = run(
-        ops::promtool().args(["check", "rules"]).arg(&bad_path),
-        None,
-    );
+    let out = promtool_rules("check", "bad_rules.yaml", &bad);
     assert!(!out.status.success(), "promtool accepted a broken query");
 }
 
@@ -664,8 +602,8 @@ fn chart_renders_the_rules_file_and_the_dashboard_opt_in() {
     assert_eq!(groups, vec!["storageversion-webhook"]);
 
     // The rendered PrometheusRule's spec is itself a rules file promtool accepts.
-    let (_dir, path) = temp_file("rendered_rules.yaml", &rule["spec"].to_string());
-    ok(ops::promtool().args(["check", "rules"]).arg(&path), None);
+    let out = promtool_rules("check", "rendered_rules.yaml", &rule["spec"]);
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 // ------------------------------------------------------- metrics against real serve --
@@ -934,22 +872,14 @@ async fn alerts_and_panels_name_only_exported_metrics() {
     assert!(text(&out).contains("lease-missing"), "{}", text(&out));
 
     // 2. An entry of an apiserver whose lease then goes: the collector removes it.
-    leases(&cp)
-        .create(&Default::default(), &live_identity_lease("h11-departed"))
-        .await
-        .expect("create lease");
-    support::create_sv(&cp, "apps.h11gadgets").await;
-    support::put_status(
+    create_lease(&cp, &live_identity_lease("h11-departed")).await;
+    seed_sv(
         &cp,
         "apps.h11gadgets",
         support::status_for("apps", &["h11-departed"]),
     )
-    .await
-    .expect("allowed while the lease is live");
-    leases(&cp)
-        .delete("h11-departed", &Default::default())
-        .await
-        .expect("delete lease");
+    .await;
+    delete_lease(&cp, "h11-departed").await;
 
     // 3. A request that is not an AdmissionReview, over TLS.
     let out = run(

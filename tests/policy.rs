@@ -23,10 +23,10 @@ use serde_json::{json, Value};
 
 use storageversion_webhook::model::StorageVersion;
 use storageversion_webhook::rules::{self, Code};
+use support::gc::create_lease;
 use support::ops::{self, ok, render, run};
 use support::{
-    leases, live_identity_lease, poll_until, register_webhook, serial, storage_versions, Certs,
-    ControlPlane, Webhook,
+    live_identity_lease, poll_until, registered_webhook, serial, storage_versions, ControlPlane,
 };
 
 /// The rules the policy must cover: no lease lookup, not enforced by kube-apiserver itself.
@@ -85,30 +85,27 @@ fn policy_covers_exactly_the_rules_that_need_no_lookup_and_upstream_lacks() {
     assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
 
     // The schema refuses what kube-apiserver would.
-    let out = run(
-        ops::helm().args([
-            "template",
-            "svw",
-            "charts/storageversion-webhook",
-            "--set",
-            "policy.enabled=true",
-            "--set",
-            "policy.validationActions={Deny,Warn}",
-        ]),
-        None,
-    );
-    assert!(!out.status.success(), "Deny and Warn together accepted");
-    let out = run(
-        ops::helm().args([
-            "template",
-            "svw",
-            "charts/storageversion-webhook",
-            "--set",
-            "policy.failurePolicy=Sometimes",
-        ]),
-        None,
-    );
-    assert!(!out.status.success(), "a bad failurePolicy accepted");
+    let refused: [(&[&str], &str); 2] = [
+        (
+            &[
+                "policy.enabled=true",
+                "policy.validationActions={Deny,Warn}",
+            ],
+            "Deny and Warn together accepted",
+        ),
+        (
+            &["policy.failurePolicy=Sometimes"],
+            "a bad failurePolicy accepted",
+        ),
+    ];
+    for (values, what) in refused {
+        let mut helm = ops::helm();
+        helm.args(["template", "svw", "charts/storageversion-webhook"]);
+        for v in values {
+            helm.args(["--set", v]);
+        }
+        assert!(!run(&mut helm, None).status.success(), "{what}");
+    }
 }
 
 // ----------------------------------------------------------------------------- cases --
@@ -350,18 +347,24 @@ fn delete_policy(cp: &ControlPlane) {
     );
 }
 
+/// Waits up to a minute until the write of `probe` is denied (`denied`) or admitted.
+async fn wait_for_probe(cp: &ControlPlane, probe: &Case, denied: bool, what: &str) {
+    poll_until(Duration::from_secs(60), what, move || async move {
+        judge(cp, probe).await.is_err() == denied
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn policy_and_webhook_agree_and_the_policy_never_denies_apiserver_writes() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     for id in ["a", "b"] {
-        leases(&cp)
-            .create(&PostParams::default(), &live_identity_lease(id))
-            .await
-            .expect("create lease");
+        create_lease(&cp, &live_identity_lease(id)).await;
     }
     let cases = cases();
-    let (cp_ref, probe_case) = (&cp, probe(&cases));
+    let probe_case = probe(&cases);
     for case in &cases {
         support::create_sv(&cp, case.name).await;
         if let Some(stored) = &case.stored {
@@ -373,37 +376,17 @@ async fn policy_and_webhook_agree_and_the_policy_never_denies_apiserver_writes()
 
     // 1. The policy alone (failurePolicy Fail, so a CEL error shows up as a denial here).
     apply_policy(&cp, &["--set", "policy.failurePolicy=Fail"]);
-    poll_until(
-        Duration::from_secs(60),
-        "the policy to be in force",
-        move || async move { judge(cp_ref, probe_case).await.is_err() },
-    )
-    .await
-    .expect("policy in force");
+    wait_for_probe(&cp, probe_case, true, "the policy to be in force").await;
     let mut by_policy = Vec::new();
     for case in &cases {
         by_policy.push(judge(&cp, case).await);
     }
     delete_policy(&cp);
-    poll_until(
-        Duration::from_secs(60),
-        "the policy to be gone",
-        move || async move { judge(cp_ref, probe_case).await.is_ok() },
-    )
-    .await
-    .expect("policy gone");
+    wait_for_probe(&cp, probe_case, false, "the policy to be gone").await;
 
     // 2. The webhook alone.
-    let certs = Certs::generate();
-    let hook = Webhook::start(&cp, &certs, &["--no-gc"]).await;
-    register_webhook(&cp, &hook.url(), &certs.ca_pem, "Fail").await;
-    poll_until(
-        Duration::from_secs(60),
-        "the webhook to be called",
-        move || async move { judge(cp_ref, probe_case).await.is_err() },
-    )
-    .await
-    .expect("webhook in force");
+    let (_certs, hook) = registered_webhook(&cp, &["--no-gc"], "Fail").await;
+    wait_for_probe(&cp, probe_case, true, "the webhook to be called").await;
     let mut by_webhook = Vec::new();
     for case in &cases {
         by_webhook.push(judge(&cp, case).await);
@@ -465,13 +448,7 @@ async fn policy_and_webhook_agree_and_the_policy_never_denies_apiserver_writes()
     // StorageVersion and restart the apiserver; it must write all of them again.
     drop(hook);
     apply_policy(&cp, &["--set", "policy.failurePolicy=Fail"]);
-    poll_until(
-        Duration::from_secs(60),
-        "the policy to be in force",
-        move || async move { judge(cp_ref, probe_case).await.is_err() },
-    )
-    .await
-    .expect("policy in force");
+    wait_for_probe(&cp, probe_case, true, "the policy to be in force").await;
     let own: Vec<String> = storage_versions(&cp)
         .list(&Default::default())
         .await

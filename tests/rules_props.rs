@@ -178,9 +178,7 @@ proptest! {
             prop_assert!(!bad(f.violation.code), "{}", f.violation);
         }
         // Exactly one condition of the type, agreeing with the common version.
-        let owned: Vec<_> = sv.status.conditions.iter()
-            .filter(|c| c.type_ == ALL_ENCODING_VERSIONS_EQUAL)
-            .collect();
+        let owned: Vec<_> = sv.status.encoding_conditions().collect();
         prop_assert_eq!(owned.len(), 1);
         let want = if sv.status.common_encoding_version.is_some() { "True" } else { "False" };
         prop_assert_eq!(owned[0].status.as_str(), want);

@@ -376,6 +376,31 @@ async fn wait_for_close<S: tokio::io::AsyncRead + Unpin>(mut stream: S) -> Durat
 }
 
 /// Polls `check` until it is true, failing after [`DEADLINE`].
+/// Waits until a fresh connection to `addr` is served `leaf`'s certificate.
+async fn wait_served(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    leaf: &svw_testkit::certs::Leaf,
+    what: &str,
+) {
+    eventually(what, || {
+        let config = Arc::clone(config);
+        let want = leaf.der.clone();
+        async move { matches!(connect(addr, config).await, Ok((_, served)) if served == want) }
+    })
+    .await;
+}
+
+/// Sends `h` an AdmissionReview of `object` with `uid`; asserts a 200 answer to that uid and
+/// returns its body.
+async fn judged(h: &Harness, uid: &str, object: Value) -> Value {
+    let reply = h.validate(sv_review(uid, object)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let v = reply.json();
+    assert_eq!(v["response"]["uid"], uid, "{v}");
+    v
+}
+
 async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
@@ -421,11 +446,8 @@ async fn allows_a_valid_write_and_echoes_the_uid() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denies_a_bad_write_listing_codes_and_paths() {
     let h = Harness::start(|_, _, _| {}).await;
-    let reply = h.validate(sv_review("uid-deny", bad_object())).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    let v = reply.json();
+    let v = judged(&h, "uid-deny", bad_object()).await;
     let resp = &v["response"];
-    assert_eq!(resp["uid"], "uid-deny");
     assert_eq!(resp["allowed"], false, "{v}");
     assert_eq!(resp["status"]["code"], 403, "{v}");
     let message = resp["status"]["message"].as_str().unwrap_or_default();
@@ -437,11 +459,8 @@ async fn denies_a_bad_write_listing_codes_and_paths() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warn_mode_allows_with_warnings() {
     let h = Harness::start(|c, _, _| c.enforcement = Enforcement::Warn).await;
-    let reply = h.validate(sv_review("uid-warn", bad_object())).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    let v = reply.json();
+    let v = judged(&h, "uid-warn", bad_object()).await;
     let resp = &v["response"];
-    assert_eq!(resp["uid"], "uid-warn");
     assert_eq!(resp["allowed"], true, "{v}");
     let warnings: Vec<&str> = resp["warnings"]
         .as_array()
@@ -706,37 +725,36 @@ async fn mtls_accepts_only_clients_with_a_certificate_from_the_client_ca() {
 async fn h2_is_negotiated_only_when_enabled() {
     let offer: &[&[u8]] = &[b"h2", b"http/1.1"];
 
-    let h1 = Harness::start(|_, _, _| {}).await;
-    let (tls, _) = connect(h1.admission, Arc::new(client_config(&h1.ca, None, offer)))
+    // (name, http2 enabled, the protocol ALPN picks, the HTTP version of the exchange)
+    let cases = [
+        ("h1", false, &b"http/1.1"[..], Version::HTTP_11),
+        ("h2", true, &b"h2"[..], Version::HTTP_2),
+    ];
+    for (name, http2, alpn, version) in cases {
+        // Left at its default unless enabled.
+        let h = Harness::start(move |c, _, _| {
+            if http2 {
+                c.tls.http2 = true
+            }
+        })
+        .await;
+        let (tls, _) = connect(h.admission, Arc::new(client_config(&h.ca, None, offer)))
+            .await
+            .expect("connect");
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(alpn), "{name}");
+        let uid = format!("uid-{name}");
+        let reply = send(
+            &https_client(client_config(&h.ca, None, &[]), true),
+            Request::post(h.url("/validate"))
+                .body(full(sv_review(&uid, valid_object())))
+                .expect("request"),
+        )
         .await
-        .expect("connect");
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.1"[..]));
-    let reply = send(
-        &https_client(client_config(&h1.ca, None, &[]), true),
-        Request::post(h1.url("/validate"))
-            .body(full(sv_review("uid-h1", valid_object())))
-            .expect("request"),
-    )
-    .await
-    .expect("request");
-    assert_eq!(reply.version, Version::HTTP_11);
-
-    let h2 = Harness::start(|c, _, _| c.tls.http2 = true).await;
-    let (tls, _) = connect(h2.admission, Arc::new(client_config(&h2.ca, None, offer)))
-        .await
-        .expect("connect");
-    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let reply = send(
-        &https_client(client_config(&h2.ca, None, &[]), true),
-        Request::post(h2.url("/validate"))
-            .body(full(sv_review("uid-h2", valid_object())))
-            .expect("request"),
-    )
-    .await
-    .expect("request");
-    assert_eq!(reply.version, Version::HTTP_2);
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.json()["response"]["uid"], "uid-h2");
+        .expect("request");
+        assert_eq!(reply.version, version, "{name}");
+        assert_eq!(reply.status, StatusCode::OK, "{name}");
+        assert_eq!(reply.json()["response"]["uid"], uid, "{name}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -914,11 +932,12 @@ async fn rotation_by_symlink_swap_is_picked_up_without_a_failed_request() {
     assert_eq!(leaf, first.der);
 
     secret.swap_to(&second);
-    eventually("the new certificate on a fresh connection", || {
-        let config = Arc::clone(&config);
-        let want = second.der.clone();
-        async move { matches!(connect(h.admission, config).await, Ok((_, leaf)) if leaf == want) }
-    })
+    wait_served(
+        h.admission,
+        &config,
+        &second,
+        "the new certificate on a fresh connection",
+    )
     .await;
     // Let the client run on for a while with the new certificate.
     let after_swap = ok.load(Ordering::SeqCst);
@@ -993,12 +1012,7 @@ async fn a_bad_new_pair_is_rejected_and_the_old_certificate_kept() {
     // A good pair after the bad one is picked up.
     let fixed = h.ca.server(5);
     secret.swap_to(&fixed);
-    eventually("the fixed certificate", || {
-        let config = Arc::clone(&config);
-        let want = fixed.der.clone();
-        async move { matches!(connect(h.admission, config).await, Ok((_, leaf)) if leaf == want) }
-    })
-    .await;
+    wait_served(h.admission, &config, &fixed, "the fixed certificate").await;
 }
 
 // ---------------------------------------------------------------------------------------------

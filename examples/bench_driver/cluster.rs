@@ -374,6 +374,10 @@ pub struct GcTimeArgs {
     /// Labels for the result line, `key=value` (repeatable).
     #[arg(long = "label")]
     labels: Vec<String>,
+    /// After the objects are clean, also wait (up to 60 s) until kube-apiserver has counted one
+    /// Event per object, and report when (a collector that records its Events after its writes).
+    #[arg(long)]
+    wait_events: bool,
 }
 
 /// Deletes the last scenario lease and follows the StorageVersions with a watch until none has
@@ -446,7 +450,22 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
         }
     }
     let total = t0.elapsed();
-    let after = apiserver_requests(&client).await?;
+    let mut after = apiserver_requests(&client).await?;
+    let mut events_at = None;
+    if args.wait_events {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while RequestCost::between(&before, &after).events < sc.objects as f64 {
+            if Instant::now() >= deadline {
+                bail!(
+                    "fewer than {} Events counted 60 s after the objects were clean",
+                    sc.objects
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            after = apiserver_requests(&client).await?;
+        }
+        events_at = Some(t0.elapsed());
+    }
     let cost = RequestCost::between(&before, &after);
     let mut line = labelled(&args.labels)?;
     line.insert("mode".into(), json!(sc.mode));
@@ -456,6 +475,9 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
     line.insert("sv_writes".into(), json!(cost.sv_writes));
     line.insert("lease_gets".into(), json!(cost.lease_gets));
     line.insert("events".into(), json!(cost.events));
+    if let Some(at) = events_at {
+        line.insert("events_seconds".into(), json!(at.as_secs_f64()));
+    }
     line.insert(
         "first_seconds".into(),
         json!(first.map(|d| d.as_secs_f64()).unwrap_or(0.0)),
@@ -471,6 +493,9 @@ pub async fn gc_time(args: &GcTimeArgs) -> anyhow::Result<()> {
         cost.lease_gets,
         cost.events,
     );
+    if let Some(at) = events_at {
+        eprintln!("    every Event recorded after {:.2}s", at.as_secs_f64());
+    }
     crate::append_jsonl(&args.out, &Value::Object(line))
 }
 

@@ -195,8 +195,18 @@ enum Sent {
 /// What became of one object in [`Term::act`].
 enum Outcome {
     Done,
+    /// Written: the Event that records it, published once the batch's writes are done.
+    Changed(Box<EventNote>),
     /// Try again at a later pass (a failed write or read).
     Retry,
+}
+
+/// A Normal Event to record on a changed (or deleted) StorageVersion.
+struct EventNote {
+    name: String,
+    reference: k8s_openapi::api::core::v1::ObjectReference,
+    reason: &'static str,
+    note: String,
 }
 
 impl Term {
@@ -237,6 +247,11 @@ impl Term {
         while let Some(Some(event)) = self.cancellable(events.next()).await {
             match event {
                 Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
+                Ok(watcher::Event::InitDone) => {
+                    // The list's pages are decoded and dropped: hand their memory back.
+                    crate::memory::release_free();
+                    self.wake.notify_one();
+                }
                 Ok(_) => self.wake.notify_one(),
                 Err(e) => {
                     self.c.metrics.error("watch_storage_versions");
@@ -544,24 +559,7 @@ impl Term {
     /// Step 4: one write per object naming a confirmed lease (bounded concurrency). Suspects
     /// whose objects are all done are forgotten; the others retry later.
     async fn act(self: &Arc<Self>, confirmed: &BTreeMap<String, Reason>) -> Option<()> {
-        let targets: Vec<Arc<StoredSv>> = {
-            let state = lock(&self.state);
-            self.svs
-                .state()
-                .into_iter()
-                .filter(|sv| {
-                    let acted = state.acted.get(sv.name()).map(String::as_str);
-                    acted.is_none() || acted != sv.resource_version()
-                })
-                .filter(|sv| {
-                    sv.status
-                        .known
-                        .storage_versions
-                        .iter()
-                        .any(|e| confirmed.contains_key(&e.api_server_id))
-                })
-                .collect()
-        };
+        let targets = self.targets(confirmed);
         let now = plan::format_time(Timestamp::now());
         let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
             .map(|sv| {
@@ -576,16 +574,53 @@ impl Term {
             .await
             .into_iter()
             .collect::<Option<_>>()?;
-        let mut failed: BTreeSet<&str> = BTreeSet::new();
-        for (sv, outcome) in &outcomes {
-            if matches!(outcome, Outcome::Retry) {
-                for e in &sv.status.known.storage_versions {
-                    if let Some((id, _)) = confirmed.get_key_value(&e.api_server_id) {
-                        failed.insert(id);
-                    }
-                }
-            }
-        }
+        self.settle(confirmed, &outcomes);
+        // The record of the batch, after its writes: the Events do not hold up the collection,
+        // nor compete with its writes at the apiserver.
+        let notes = outcomes.into_iter().filter_map(|(_, o)| match o {
+            Outcome::Changed(note) => Some(*note),
+            _ => None,
+        });
+        futures::stream::iter(notes)
+            .for_each_concurrent(self.c.cfg.concurrency.max(1), |note| self.publish(note))
+            .await;
+        Some(())
+    }
+
+    /// The stored objects naming a confirmed lease, but for those already acted on at their
+    /// current resourceVersion.
+    fn targets(&self, confirmed: &BTreeMap<String, Reason>) -> Vec<Arc<StoredSv>> {
+        let state = lock(&self.state);
+        self.svs
+            .state()
+            .into_iter()
+            .filter(|sv| {
+                let acted = state.acted.get(sv.name()).map(String::as_str);
+                acted.is_none() || acted != sv.resource_version()
+            })
+            .filter(|sv| {
+                sv.status
+                    .known
+                    .storage_versions
+                    .iter()
+                    .any(|e| confirmed.contains_key(&e.api_server_id))
+            })
+            .collect()
+    }
+
+    /// After a batch: a confirmed lease with a failed object is retried later, the others are
+    /// done (in a dry run: looked at again at the next sweep).
+    fn settle(&self, confirmed: &BTreeMap<String, Reason>, outcomes: &[(Arc<StoredSv>, Outcome)]) {
+        let failed: BTreeSet<&str> = outcomes
+            .iter()
+            .filter(|(_, outcome)| matches!(outcome, Outcome::Retry))
+            .flat_map(|(sv, _)| sv.status.known.storage_versions.iter())
+            .filter_map(|e| {
+                confirmed
+                    .get_key_value(&e.api_server_id)
+                    .map(|(id, _)| id.as_str())
+            })
+            .collect();
         for id in confirmed.keys() {
             if failed.contains(id.as_str()) {
                 self.retry_later(id);
@@ -598,7 +633,6 @@ impl Term {
                 lock(&self.state).suspects.remove(id);
             }
         }
-        Some(())
     }
 
     /// Plans and writes one object, reading it again after a conflict. `None` if the term ended.
@@ -631,8 +665,8 @@ impl Term {
                         Plan::Delete { .. } => None,
                         _ => Some(written.to_model()),
                     };
-                    self.done(&before, after.as_ref(), decided.removed()).await;
-                    return Some(Outcome::Done);
+                    let note = self.done(&before, after.as_ref(), decided.removed());
+                    return Some(Outcome::Changed(Box::new(note)));
                 }
                 Sent::Gone => {
                     self.c.metrics.check("gone");
@@ -762,14 +796,14 @@ impl Term {
         );
     }
 
-    /// After a successful write of `before` (into `after`, or deleted when `None`): metrics,
-    /// log, Event.
-    async fn done(
+    /// After a successful write of `before` (into `after`, or deleted when `None`): metrics and
+    /// log now, and the Event to publish after the batch.
+    fn done(
         &self,
         before: &StorageVersion,
         after: Option<&StorageVersion>,
         removed: &[Removal],
-    ) {
+    ) -> EventNote {
         for r in removed {
             let n = before
                 .status
@@ -808,11 +842,22 @@ impl Term {
                 format!("Removed the entries of {what}; commonEncodingVersion is now {common}"),
             )
         };
-        self.publish(sv, reason, note).await;
+        EventNote {
+            name: sv.name().to_string(),
+            reference: sv.object_ref(&()),
+            reason,
+            note,
+        }
     }
 
-    /// Records a Normal Event on `sv` (best effort: a failure is counted and logged).
-    async fn publish(&self, sv: &StorageVersion, reason: &str, note: String) {
+    /// Records a Normal Event (best effort: a failure is counted and logged).
+    async fn publish(&self, note: EventNote) {
+        let EventNote {
+            name,
+            reference,
+            reason,
+            note,
+        } = note;
         let event = Event {
             type_: EventType::Normal,
             reason: reason.to_string(),
@@ -820,7 +865,6 @@ impl Term {
             action: "GarbageCollect".to_string(),
             secondary: None,
         };
-        let reference = sv.object_ref(&());
         let published = self
             .cancellable(tokio::time::timeout(
                 CALL_TIMEOUT,
@@ -831,11 +875,11 @@ impl Term {
             Some(Ok(Ok(()))) | None => {}
             Some(Ok(Err(e))) => {
                 self.c.metrics.error("event");
-                tracing::warn!(storageversion = sv.name(), error = %e, "cannot record Event");
+                tracing::warn!(storageversion = name, error = %e, "cannot record Event");
             }
             Some(Err(_)) => {
                 self.c.metrics.error("event");
-                tracing::warn!(storageversion = sv.name(), "recording an Event timed out");
+                tracing::warn!(storageversion = name, "recording an Event timed out");
             }
         }
     }

@@ -7,6 +7,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use crate::metrics::ResultLabels;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabels {
     pub operation: &'static str,
@@ -23,11 +25,6 @@ pub struct WriteLabels {
     /// update_status or delete
     pub operation: &'static str,
     /// ok, conflict, not_found, error
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
     pub result: &'static str,
 }
 

@@ -184,17 +184,7 @@ impl GcHandle {
     /// replica takes over without waiting for the Lease to expire.
     pub fn shutdown(mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
         self.shutdown.cancel();
-        let task = self.task.take();
-        async move {
-            let Some(mut task) = task else { return };
-            if tokio::time::timeout(SHUTDOWN_TIMEOUT, &mut task)
-                .await
-                .is_err()
-            {
-                tracing::warn!("garbage collector did not stop within {SHUTDOWN_TIMEOUT:?}");
-                task.abort();
-            }
-        }
+        crate::task::join_within(self.task.take(), SHUTDOWN_TIMEOUT, "garbage collector")
     }
 }
 

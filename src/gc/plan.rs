@@ -278,13 +278,16 @@ mod tests {
             .collect()
     }
 
-    fn cond(sv: &StorageVersion) -> &StorageVersionCondition {
-        let c: Vec<_> = sv
-            .status
-            .conditions
+    fn ids(sv: &StorageVersion) -> Vec<&str> {
+        sv.status
+            .storage_versions
             .iter()
-            .filter(|c| c.type_ == "AllEncodingVersionsEqual")
-            .collect();
+            .map(|e| e.api_server_id.as_str())
+            .collect()
+    }
+
+    fn cond(sv: &StorageVersion) -> &StorageVersionCondition {
+        let c: Vec<_> = sv.status.encoding_conditions().collect();
         assert_eq!(c.len(), 1, "exactly one AllEncodingVersionsEqual condition");
         c[0]
     }
@@ -305,12 +308,7 @@ mod tests {
             panic!("expected a rewrite")
         };
         assert_eq!(removed.len(), 1);
-        let ids: Vec<_> = object
-            .status
-            .storage_versions
-            .iter()
-            .map(|e| e.api_server_id.as_str())
-            .collect();
+        let ids = ids(&object);
         assert_eq!(ids, ["kube-apiserver-2", "kube-apiserver-3"]);
         assert_eq!(object.status.common_encoding_version.as_deref(), Some("v2"));
         let c = cond(&object);
@@ -348,12 +346,7 @@ mod tests {
         let Plan::Rewrite { object, .. } = plan(&s, &remove(&["kube-apiserver-4"]), NOW) else {
             panic!("expected a rewrite")
         };
-        let ids: Vec<_> = object
-            .status
-            .storage_versions
-            .iter()
-            .map(|e| e.api_server_id.as_str())
-            .collect();
+        let ids = ids(&object);
         assert_eq!(
             ids,
             ["kube-apiserver-1", "kube-apiserver-2", "kube-apiserver-3"]

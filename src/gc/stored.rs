@@ -12,18 +12,12 @@ use crate::model::{
     StorageVersion, StorageVersionStatus, API_VERSION, GROUP, KIND, PLURAL, VERSION,
 };
 
-/// A StorageVersion as the collector's store holds it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StoredSv {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub status: StoredStatus,
+crate::model::object_struct! {
+    /// A StorageVersion as the collector's store holds it. Its metadata is decoded without
+    /// `managedFields` and the like (they are never built).
+    pub struct StoredSv where metadata = "crate::metadata::kept" {
+        status: StoredStatus,
+    }
 }
 
 /// A status: the known fields, and the rest as they came.

@@ -15,7 +15,10 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
+use std::borrow::Cow;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::{broadcast, watch};
@@ -120,8 +123,9 @@ struct Inner {
 impl LeaseStore {
     /// Starts the one watch in the background (until every handle is dropped).
     pub fn spawn(client: kube::Client) -> LeaseStore {
-        let store = LeaseStore::new(Api::namespaced(client, IDENTITY_LEASE_NAMESPACE));
-        tokio::spawn(run(Arc::downgrade(&store.inner), store.inner.api.clone()));
+        let store = LeaseStore::new(Api::namespaced(client.clone(), IDENTITY_LEASE_NAMESPACE));
+        let watched = Api::namespaced(client, IDENTITY_LEASE_NAMESPACE);
+        tokio::spawn(run(Arc::downgrade(&store.inner), watched));
         store
     }
 
@@ -233,17 +237,77 @@ impl LeaseStore {
     }
 }
 
+/// A Lease as the watch decodes it: of `metadata` only what [`crate::metadata::kept`] keeps
+/// (no `managedFields` trees are built), the spec as it is.
+#[derive(Clone, Debug, serde::Deserialize)]
+struct WatchedLease {
+    #[serde(default, deserialize_with = "crate::metadata::kept")]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<LeaseSpec>,
+}
+
+impl kube::Resource for WatchedLease {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        <Lease as kube::Resource>::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        <Lease as kube::Resource>::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        <Lease as kube::Resource>::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        <Lease as kube::Resource>::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+impl From<WatchedLease> for Lease {
+    fn from(w: WatchedLease) -> Lease {
+        Lease {
+            metadata: w.metadata,
+            spec: w.spec,
+        }
+    }
+}
+
+fn to_lease_event(e: watcher::Event<WatchedLease>) -> watcher::Event<Lease> {
+    match e {
+        watcher::Event::Apply(l) => watcher::Event::Apply(l.into()),
+        watcher::Event::Delete(l) => watcher::Event::Delete(l.into()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(l) => watcher::Event::InitApply(l.into()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// The watch: a paginated list (kube-runtime lists in pages of 500), then watch events; ends
 /// when every handle is gone.
-async fn run(store: std::sync::Weak<Inner>, api: Api<Lease>) {
+async fn run(store: std::sync::Weak<Inner>, watched: Api<WatchedLease>) {
     let config =
         watcher::Config::default().labels(&format!("{IDENTITY_LABEL_KEY}={IDENTITY_LABEL_VALUE}"));
-    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    let mut events = std::pin::pin!(watcher(watched, config).default_backoff());
     while let Some(event) = events.next().await {
         let Some(inner) = store.upgrade() else { return };
         let store = LeaseStore { inner };
-        match event {
-            Ok(event) => store.apply(event),
+        match event.map(to_lease_event) {
+            Ok(event) => {
+                let listed = matches!(event, watcher::Event::InitDone);
+                store.apply(event);
+                if listed {
+                    // The list's pages are decoded and dropped: hand their memory back.
+                    crate::memory::release_free();
+                }
+            }
             Err(error) => store.failed(&error),
         }
     }

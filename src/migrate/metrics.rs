@@ -7,6 +7,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+pub use crate::gc::metrics::OperationLabels;
+pub use crate::metrics::ResultLabels;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     /// pending, running, succeeded, failed
@@ -17,16 +20,6 @@ pub struct PhaseLabels {
 pub struct StateLabels {
     /// up_to_date, settling, disagree, not_decodable
     pub state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
-    pub result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OperationLabels {
-    pub operation: &'static str,
 }
 
 /// Every migration metric. Cheap to clone.

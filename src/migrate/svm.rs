@@ -7,7 +7,6 @@
 //! now), `status.conditions` are `metav1.Condition`s of type `Running`, `Succeeded`, `Failed`,
 //! and `status.resourceVersion` is the list resourceVersion the migration covers.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "storagemigration.k8s.io";
@@ -31,19 +30,11 @@ pub const ANNOTATION_REPORTED: &str = "storageversion-webhook.io/reported";
 /// Longest object name (a DNS-1123 subdomain).
 const MAX_NAME: usize = 253;
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct StorageVersionMigration {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-    #[serde(default)]
-    pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: MigrationSpec,
-    #[serde(default)]
-    pub status: MigrationStatus,
+crate::model::object_struct! {
+    pub struct StorageVersionMigration {
+        spec: MigrationSpec,
+        status: MigrationStatus,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

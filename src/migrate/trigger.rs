@@ -148,16 +148,13 @@ impl Trigger {
             }
         }
         let svs: Api<StorageVersion> = Api::all(self.client.clone());
-        let svs = match tokio::time::timeout(CALL_TIMEOUT, svs.list(&ListParams::default())).await {
-            Ok(Ok(list)) => list.items,
-            Ok(Err(e)) => {
-                self.metrics.error("list_storageversions");
+        let svs = match self
+            .list_within(&svs, &ListParams::default(), "list_storageversions")
+            .await
+        {
+            Ok(items) => items,
+            Err(e) => {
                 tracing::warn!(error = %e, "cannot list StorageVersions");
-                return;
-            }
-            Err(_) => {
-                self.metrics.error("list_storageversions");
-                tracing::warn!("listing StorageVersions timed out");
                 return;
             }
         };
@@ -329,6 +326,26 @@ impl Trigger {
         true
     }
 
+    /// Lists `api` within [`CALL_TIMEOUT`]; a failure (or the timeout) is counted as an error of
+    /// `operation` and returned as text.
+    async fn list_within<K>(
+        &self,
+        api: &Api<K>,
+        lp: &ListParams,
+        operation: &'static str,
+    ) -> Result<Vec<K>, String>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let result = match tokio::time::timeout(CALL_TIMEOUT, api.list(lp)).await {
+            Ok(Ok(list)) => return Ok(list.items),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("timed out after {CALL_TIMEOUT:?}"),
+        };
+        self.metrics.error(operation);
+        Err(result)
+    }
+
     /// Lists our migrations, sets the phase gauges, and reports each final outcome once.
     async fn follow_migrations(&self, t: &mut Term, svs: &[StorageVersion]) {
         let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
@@ -337,15 +354,10 @@ impl Trigger {
             svm::MANAGED_BY_LABEL,
             svm::MANAGED_BY_VALUE
         ));
-        let list = match tokio::time::timeout(CALL_TIMEOUT, api.list(&lp)).await {
-            Ok(Ok(l)) => l.items,
-            Ok(Err(e)) => {
-                self.metrics.error("list_migrations");
+        let list = match self.list_within(&api, &lp, "list_migrations").await {
+            Ok(items) => items,
+            Err(e) => {
                 tracing::debug!(error = %e, "cannot list StorageVersionMigrations");
-                return;
-            }
-            Err(_) => {
-                self.metrics.error("list_migrations");
                 return;
             }
         };
@@ -484,12 +496,26 @@ fn state_label(d: &Decision) -> &'static str {
 }
 
 fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
+    // The last character boundary at or before `max` (0 always is one).
+    let end = (0..=max.min(s.len()))
+        .rev()
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(0);
+    s.truncate(end);
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate;
+
+    #[test]
+    fn truncate_cuts_on_a_character_boundary() {
+        assert_eq!(truncate("short".into(), 10), "short");
+        assert_eq!(truncate("exactly".into(), 7), "exactly");
+        // "é" is two bytes (4..6): a cut at 5 falls inside it and goes back to 4.
+        assert_eq!(truncate("abcdéf".into(), 5), "abcd");
+        assert_eq!(truncate("abcdéf".into(), 6), "abcdé");
+        assert_eq!(truncate("éé".into(), 1), "");
+    }
 }

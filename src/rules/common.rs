@@ -139,51 +139,58 @@ mod tests {
     }
 
     /// Asserts the single condition is the True/False one and whether its LTT moved to NOW.
-    fn assert_condition(sv: &StorageVersion, set: bool, ltt_set: bool) {
-        assert_eq!(sv.status.conditions.len(), 1, "{:?}", sv.status.conditions);
+    /// (`case` names the case in a failure.)
+    #[track_caller]
+    fn assert_condition(sv: &StorageVersion, set: bool, ltt_set: bool, case: &str) {
+        assert_eq!(
+            sv.status.conditions.len(),
+            1,
+            "{case}: {:?}",
+            sv.status.conditions
+        );
         let c = &sv.status.conditions[0];
         let mut want = cond(set);
         want.last_transition_time = Some(if ltt_set { NOW } else { BEFORE }.into());
-        assert_eq!(*c, want);
+        assert_eq!(*c, want, "{case}");
     }
 
+    /// Upstream's localUpdate cases: what is stored (entries, common version, the condition's
+    /// status if any), the entry written, then the entries and common version after, and the
+    /// condition after (True?, moved to NOW?).
     #[test]
-    fn local_update_into_empty_object() {
-        let mut s = sv(vec![], None, vec![]);
-        local_update(&mut s, ssv1(), NOW);
-        assert_eq!(s.status.storage_versions, vec![ssv1()]);
-        assert_eq!(s.status.common_encoding_version.as_deref(), Some("v1"));
-        assert_condition(&s, true, true);
-    }
-
-    #[test]
-    fn local_update_adding_a_different_version_unsets_common() {
-        let mut s = sv(vec![ssv1(), ssv2()], Some("v1"), vec![cond(true)]);
-        local_update(&mut s, ssv3(), NOW);
-        assert_eq!(s.status.storage_versions, vec![ssv1(), ssv2(), ssv3()]);
-        assert_eq!(s.status.common_encoding_version, None);
-        assert_condition(&s, false, true);
-    }
-
-    #[test]
-    fn local_update_adding_the_same_version_keeps_transition_time() {
-        let mut s = sv(vec![ssv1(), ssv2()], Some("v1"), vec![cond(true)]);
-        local_update(&mut s, ssv4(), NOW);
-        assert_eq!(s.status.storage_versions, vec![ssv1(), ssv2(), ssv4()]);
-        assert_eq!(s.status.common_encoding_version.as_deref(), Some("v1"));
-        assert_condition(&s, true, false);
-    }
-
-    #[test]
-    fn local_update_while_disagreeing_keeps_transition_time() {
-        let mut s = sv(vec![ssv1(), ssv2(), ssv3()], None, vec![cond(false)]);
-        local_update(&mut s, ssv4(), NOW);
-        assert_eq!(
-            s.status.storage_versions,
-            vec![ssv1(), ssv2(), ssv3(), ssv4()]
+    fn local_update_cases() {
+        type Case = (
+            &'static str,
+            Vec<ServerStorageVersion>,
+            Option<&'static str>,
+            Option<bool>,
+            ServerStorageVersion,
+            Vec<ServerStorageVersion>,
+            Option<&'static str>,
+            (bool, bool),
         );
-        assert_eq!(s.status.common_encoding_version, None);
-        assert_condition(&s, false, false);
+        #[rustfmt::skip]
+        let cases: [Case; 4] = [
+            ("into an empty object", vec![], None, None,
+                ssv1(), vec![ssv1()], Some("v1"), (true, true)),
+            ("adding a different version unsets common", vec![ssv1(), ssv2()], Some("v1"), Some(true),
+                ssv3(), vec![ssv1(), ssv2(), ssv3()], None, (false, true)),
+            ("adding the same version keeps the transition time", vec![ssv1(), ssv2()], Some("v1"), Some(true),
+                ssv4(), vec![ssv1(), ssv2(), ssv4()], Some("v1"), (true, false)),
+            ("while disagreeing keeps the transition time", vec![ssv1(), ssv2(), ssv3()], None, Some(false),
+                ssv4(), vec![ssv1(), ssv2(), ssv3(), ssv4()], None, (false, false)),
+        ];
+        for (case, stored, common, condition, added, entries, common_after, (set, moved)) in cases {
+            let mut s = sv(stored, common, condition.map(cond).into_iter().collect());
+            local_update(&mut s, added, NOW);
+            assert_eq!(s.status.storage_versions, entries, "{case}");
+            assert_eq!(
+                s.status.common_encoding_version.as_deref(),
+                common_after,
+                "{case}"
+            );
+            assert_condition(&s, set, moved, case);
+        }
     }
 
     #[test]
@@ -195,63 +202,106 @@ mod tests {
         assert_eq!(s.status.common_encoding_version, None);
     }
 
+    /// Upstream's setCommonEncodingVersion cases: the entries, the stored common version and
+    /// condition (its status, if any), then the common version after, the condition after (True?,
+    /// moved to NOW?), and whether the object is unchanged. The entries never change.
     #[test]
-    fn set_common_no_common_init() {
-        let mut s = sv(vec![ssv1(), ssv2(), ssv3()], None, vec![]);
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s.status.common_encoding_version, None);
-        assert_condition(&s, false, true);
-        assert_eq!(s.status.storage_versions, vec![ssv1(), ssv2(), ssv3()]);
-    }
-
-    #[test]
-    fn set_common_no_common_transition() {
-        let mut s = sv(vec![ssv1(), ssv2(), ssv3()], Some("v1"), vec![cond(true)]);
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s.status.common_encoding_version, None);
-        assert_condition(&s, false, true);
-    }
-
-    #[test]
-    fn set_common_no_common_no_transition() {
-        let mut s = sv(vec![ssv1(), ssv2(), ssv3()], None, vec![cond(false)]);
-        let before = s.clone();
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s, before);
-        assert_condition(&s, false, false);
-    }
-
-    #[test]
-    fn set_common_common_init() {
-        let mut s = sv(vec![ssv1(), ssv2()], None, vec![]);
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s.status.common_encoding_version.as_deref(), Some("v1"));
-        assert_condition(&s, true, true);
-    }
-
-    #[test]
-    fn set_common_common_no_transition() {
-        let mut s = sv(vec![ssv1(), ssv2()], Some("v1"), vec![cond(true)]);
-        let before = s.clone();
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s, before);
-        assert_condition(&s, true, false);
-    }
-
-    #[test]
-    fn set_common_common_transition() {
-        let mut s = sv(vec![ssv1(), ssv2()], None, vec![cond(false)]);
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s.status.common_encoding_version.as_deref(), Some("v1"));
-        assert_condition(&s, true, true);
-    }
-
-    #[test]
-    fn set_common_version_changed_forces_a_transition() {
-        let mut s = sv(vec![ssv3(), ssv5()], Some("v1"), vec![cond(true)]);
-        set_common_encoding_version(&mut s, NOW);
-        assert_eq!(s.status.common_encoding_version.as_deref(), Some("v2"));
-        assert_condition(&s, true, true);
+    fn set_common_cases() {
+        let disagree = || vec![ssv1(), ssv2(), ssv3()];
+        let agree = || vec![ssv1(), ssv2()];
+        type Case = (
+            &'static str,
+            Vec<ServerStorageVersion>,
+            Option<&'static str>,
+            Option<bool>,
+            Option<&'static str>,
+            (bool, bool),
+            bool,
+        );
+        let cases: [Case; 7] = [
+            (
+                "no common, init",
+                disagree(),
+                None,
+                None,
+                None,
+                (false, true),
+                false,
+            ),
+            (
+                "no common, transition",
+                disagree(),
+                Some("v1"),
+                Some(true),
+                None,
+                (false, true),
+                false,
+            ),
+            (
+                "no common, no transition",
+                disagree(),
+                None,
+                Some(false),
+                None,
+                (false, false),
+                true,
+            ),
+            (
+                "common, init",
+                agree(),
+                None,
+                None,
+                Some("v1"),
+                (true, true),
+                false,
+            ),
+            (
+                "common, no transition",
+                agree(),
+                Some("v1"),
+                Some(true),
+                Some("v1"),
+                (true, false),
+                true,
+            ),
+            (
+                "common, transition",
+                agree(),
+                None,
+                Some(false),
+                Some("v1"),
+                (true, true),
+                false,
+            ),
+            (
+                "a changed version forces a transition",
+                vec![ssv3(), ssv5()],
+                Some("v1"),
+                Some(true),
+                Some("v2"),
+                (true, true),
+                false,
+            ),
+        ];
+        for (case, entries, common, condition, common_after, (set, moved), unchanged) in cases {
+            let mut s = sv(
+                entries.clone(),
+                common,
+                condition.map(cond).into_iter().collect(),
+            );
+            let before = s.clone();
+            set_common_encoding_version(&mut s, NOW);
+            assert_eq!(
+                s.status.common_encoding_version.as_deref(),
+                common_after,
+                "{case}"
+            );
+            assert_condition(&s, set, moved, case);
+            assert_eq!(s.status.storage_versions, entries, "{case}");
+            if unchanged {
+                assert_eq!(s, before, "{case}");
+            }
+        }
     }
 
     #[test]

@@ -43,14 +43,37 @@ fn is_lower_alnum(b: u8) -> bool {
 
 /// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, anchored.
 fn matches_dns1123_label_pattern(s: &[u8]) -> bool {
+    ends_and_body(s, is_lower_alnum, is_lower_alnum, |b| {
+        is_lower_alnum(b) || b == b'-'
+    })
+}
+
+/// Whether `s` is not empty, its first byte passes `first`, its last `last`, and every byte
+/// `body` (the shape of every pattern here: `F(B*L)?` with single-byte classes).
+fn ends_and_body(
+    s: &[u8],
+    first: impl Fn(u8) -> bool,
+    last: impl Fn(u8) -> bool,
+    body: impl Fn(u8) -> bool,
+) -> bool {
     match (s.first(), s.last()) {
-        (Some(&first), Some(&last)) => {
-            is_lower_alnum(first)
-                && is_lower_alnum(last)
-                && s.iter().all(|&b| is_lower_alnum(b) || b == b'-')
-        }
+        (Some(&f), Some(&l)) => first(f) && last(l) && s.iter().all(|&b| body(b)),
         _ => false,
     }
+}
+
+/// The length message (when `too_long`) and the pattern message (unless `matches`),
+/// independently, as apimachinery reports them.
+fn length_and_pattern(
+    too_long: bool,
+    too_long_msg: &'static str,
+    matches: bool,
+    pattern_msg: &'static str,
+) -> Vec<&'static str> {
+    [(too_long, too_long_msg), (!matches, pattern_msg)]
+        .into_iter()
+        .filter_map(|(bad, msg)| bad.then_some(msg))
+        .collect()
 }
 
 /// The DNS-1123 subdomain pattern (dot-separated DNS-1123 labels), ignoring length.
@@ -62,29 +85,20 @@ pub fn matches_dns1123_subdomain(s: &str) -> bool {
 
 /// The DNS-1035 label pattern `[a-z]([-a-z0-9]*[a-z0-9])?`, ignoring length.
 pub fn matches_dns1035_label(s: &str) -> bool {
-    let s = s.as_bytes();
-    match (s.first(), s.last()) {
-        (Some(&first), Some(&last)) => {
-            first.is_ascii_lowercase()
-                && is_lower_alnum(last)
-                && s.iter().all(|&b| is_lower_alnum(b) || b == b'-')
-        }
-        _ => false,
-    }
+    ends_and_body(
+        s.as_bytes(),
+        |b| b.is_ascii_lowercase(),
+        is_lower_alnum,
+        |b| is_lower_alnum(b) || b == b'-',
+    )
 }
 
 /// The name-part pattern of a qualified name `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`.
 fn matches_qualified_name_part(s: &str) -> bool {
-    let s = s.as_bytes();
-    match (s.first(), s.last()) {
-        (Some(&first), Some(&last)) => {
-            first.is_ascii_alphanumeric()
-                && last.is_ascii_alphanumeric()
-                && s.iter()
-                    .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        }
-        _ => false,
-    }
+    let alnum = |b: u8| b.is_ascii_alphanumeric();
+    ends_and_body(s.as_bytes(), alnum, alnum, |b| {
+        alnum(b) || matches!(b, b'-' | b'_' | b'.')
+    })
 }
 
 /// True when [`dns1123_subdomain`] has nothing to say.
@@ -94,14 +108,12 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
 
 /// `IsDNS1123Subdomain`: the length message and the regex message, independently.
 pub fn dns1123_subdomain(s: &str) -> Vec<&'static str> {
-    let mut errs = Vec::new();
-    if s.len() > DNS1123_SUBDOMAIN_MAX_LENGTH {
-        errs.push(SUBDOMAIN_TOO_LONG_MSG);
-    }
-    if !matches_dns1123_subdomain(s) {
-        errs.push(DNS1123_SUBDOMAIN_MSG);
-    }
-    errs
+    length_and_pattern(
+        s.len() > DNS1123_SUBDOMAIN_MAX_LENGTH,
+        SUBDOMAIN_TOO_LONG_MSG,
+        matches_dns1123_subdomain(s),
+        DNS1123_SUBDOMAIN_MSG,
+    )
 }
 
 /// True when [`dns1035_label`] has nothing to say.
@@ -111,14 +123,12 @@ pub fn is_dns1035_label(s: &str) -> bool {
 
 /// `IsDNS1035Label`: the length message and the regex message, independently.
 pub fn dns1035_label(s: &str) -> Vec<&'static str> {
-    let mut errs = Vec::new();
-    if s.len() > DNS1035_LABEL_MAX_LENGTH {
-        errs.push(LABEL_TOO_LONG_MSG);
-    }
-    if !matches_dns1035_label(s) {
-        errs.push(DNS1035_LABEL_MSG);
-    }
-    errs
+    length_and_pattern(
+        s.len() > DNS1035_LABEL_MAX_LENGTH,
+        LABEL_TOO_LONG_MSG,
+        matches_dns1035_label(s),
+        DNS1035_LABEL_MSG,
+    )
 }
 
 /// How a value splits at `/`: one part, two parts, or more.
@@ -136,40 +146,50 @@ fn split_slashes(s: &str) -> Slashes<'_> {
     }
 }
 
+/// The part after the one optional `/` of `s` when the part before it (if any) is a DNS-1123
+/// subdomain; `None` otherwise, or with more than one `/`.
+fn after_valid_prefix(s: &str) -> Option<&str> {
+    match split_slashes(s) {
+        Slashes::One(rest) => Some(rest),
+        Slashes::Two(prefix, rest) => is_dns1123_subdomain(prefix).then_some(rest),
+        Slashes::More => None,
+    }
+}
+
+/// The part after the one optional `/` of `s`, with what is wrong with the part before it (a
+/// DNS-1123 subdomain, each message prefixed `label`) added to `errs`; `None` with more than one
+/// `/`.
+fn after_checked_prefix<'a>(s: &'a str, label: &str, errs: &mut Vec<String>) -> Option<&'a str> {
+    let (prefix, rest) = match split_slashes(s) {
+        Slashes::One(rest) => return Some(rest),
+        Slashes::Two(prefix, rest) => (prefix, rest),
+        Slashes::More => return None,
+    };
+    if prefix.is_empty() {
+        errs.push(format!("{label}{EMPTY_MSG}"));
+    } else {
+        errs.extend(
+            dns1123_subdomain(prefix)
+                .into_iter()
+                .map(|m| format!("{label}{m}")),
+        );
+    }
+    Some(rest)
+}
+
 /// True when [`qualified_name`] has nothing to say.
 pub fn is_qualified_name(s: &str) -> bool {
-    let name = match split_slashes(s) {
-        Slashes::One(name) => name,
-        Slashes::Two(prefix, name) => {
-            if !is_dns1123_subdomain(prefix) {
-                return false;
-            }
-            name
-        }
-        Slashes::More => return false,
-    };
-    name.len() <= QUALIFIED_NAME_MAX_LENGTH && matches_qualified_name_part(name)
+    after_valid_prefix(s).is_some_and(|name| {
+        name.len() <= QUALIFIED_NAME_MAX_LENGTH && matches_qualified_name_part(name)
+    })
 }
 
 /// `IsQualifiedName`: an optional DNS-1123 subdomain prefix and `/`, then a name of 1-63
 /// characters. Messages are prefixed `prefix part ` and `name part `.
 pub fn qualified_name(s: &str) -> Vec<String> {
     let mut errs = Vec::new();
-    let name = match split_slashes(s) {
-        Slashes::One(name) => name,
-        Slashes::Two(prefix, name) => {
-            if prefix.is_empty() {
-                errs.push(format!("prefix part {EMPTY_MSG}"));
-            } else {
-                errs.extend(
-                    dns1123_subdomain(prefix)
-                        .into_iter()
-                        .map(|m| format!("prefix part {m}")),
-                );
-            }
-            name
-        }
-        Slashes::More => return vec![QUALIFIED_NAME_TOO_MANY_PARTS_MSG.to_string()],
+    let Some(name) = after_checked_prefix(s, "prefix part ", &mut errs) else {
+        return vec![QUALIFIED_NAME_TOO_MANY_PARTS_MSG.to_string()];
     };
     if name.is_empty() {
         errs.push(format!("name part {EMPTY_MSG}"));
@@ -184,17 +204,7 @@ pub fn qualified_name(s: &str) -> Vec<String> {
 
 /// True when [`api_version`] has nothing to say.
 pub fn is_api_version(s: &str) -> bool {
-    let version = match split_slashes(s) {
-        Slashes::One(version) => version,
-        Slashes::Two(group, version) => {
-            if !is_dns1123_subdomain(group) {
-                return false;
-            }
-            version
-        }
-        Slashes::More => return false,
-    };
-    is_dns1035_label(version)
+    after_valid_prefix(s).is_some_and(is_dns1035_label)
 }
 
 /// The StorageVersion API-version string check (docs/upstream.md §2.6): `version` or `group/version`, the
@@ -202,21 +212,8 @@ pub fn is_api_version(s: &str) -> bool {
 /// `group part: ` and `version part: `; upstream joins them with `,` for one field error.
 pub fn api_version(s: &str) -> Vec<String> {
     let mut errs = Vec::new();
-    let version = match split_slashes(s) {
-        Slashes::One(version) => version,
-        Slashes::Two(group, version) => {
-            if group.is_empty() {
-                errs.push(format!("group part: {EMPTY_MSG}"));
-            } else {
-                errs.extend(
-                    dns1123_subdomain(group)
-                        .into_iter()
-                        .map(|m| format!("group part: {m}")),
-                );
-            }
-            version
-        }
-        Slashes::More => return vec![API_VERSION_TOO_MANY_PARTS_MSG.to_string()],
+    let Some(version) = after_checked_prefix(s, "group part: ", &mut errs) else {
+        return vec![API_VERSION_TOO_MANY_PARTS_MSG.to_string()];
     };
     if version.is_empty() {
         errs.push(format!("version part: {EMPTY_MSG}"));

@@ -38,12 +38,43 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str) -> StorageV
     }
 }
 
+/// The object `core.pods` with `entries`.
+fn pods(entries: Vec<ServerStorageVersion>) -> StorageVersion {
+    object("core.pods", entries)
+}
+
+/// The object `core.pods` without entries, with the one condition `c`.
+fn with_condition(c: StorageVersionCondition) -> StorageVersion {
+    let mut sv = pods(vec![]);
+    sv.status.conditions = vec![c];
+    sv
+}
+
+/// `sv` with `e` appended to its entries.
+fn with_entry(sv: &StorageVersion, e: ServerStorageVersion) -> StorageVersion {
+    let mut new = sv.clone();
+    new.status.storage_versions.push(e);
+    new
+}
+
 fn object(name: &str, entries: Vec<ServerStorageVersion>) -> StorageVersion {
     let mut sv = StorageVersion::default();
     sv.metadata.name = Some(name.into());
     sv.status.storage_versions = entries;
     sv.status.common_encoding_version =
         common::actual_common_encoding_version(&sv.status.storage_versions).map(str::to_owned);
+    sv
+}
+
+/// A valid object on which the apiservers `ids` all encode, decode and serve `version`, with its
+/// common version and condition set.
+fn agreed(name: &str, version: &str, ids: &[&str]) -> StorageVersion {
+    let entries = ids
+        .iter()
+        .map(|id| entry(id, version, &[version], &[version]))
+        .collect();
+    let mut sv = object(name, entries);
+    common::set_common_encoding_version(&mut sv, NOW);
     sv
 }
 
@@ -80,6 +111,11 @@ fn facts(items: Vec<(&str, LeaseLookup)>) -> LeaseFacts {
     items.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// Facts in which `id`'s lease is missing.
+fn gone(id: &str) -> LeaseFacts {
+    facts(vec![(id, LeaseLookup::NotFound)])
+}
+
 fn live_facts(sv: &StorageVersion) -> LeaseFacts {
     sv.status
         .storage_versions
@@ -100,8 +136,21 @@ fn assert_has(vs: &[Violation], needle: &str) {
     );
 }
 
+/// Each violation as `"<code> at <path>"`.
+fn code_paths(vs: &[Violation]) -> Vec<String> {
+    vs.iter()
+        .map(|v| format!("{} at {}", v.code, v.path))
+        .collect()
+}
+
 fn codes(vs: &[Violation]) -> Vec<Code> {
     vs.iter().map(|v| v.code).collect()
+}
+
+fn name_violations(name: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    upstream::check_name(name, &mut out);
+    out
 }
 
 fn upstream_only(sv: &StorageVersion) -> Vec<Violation> {
@@ -110,15 +159,39 @@ fn upstream_only(sv: &StorageVersion) -> Vec<Violation> {
     out
 }
 
-fn finding_summary(e: &Evaluation) -> Vec<(Code, Severity, Option<&str>)> {
+/// Judges the update from `old` to `new` with every lease live and asserts its findings (as
+/// [`finding_summary`] writes them).
+#[track_caller]
+fn assert_update(new: &StorageVersion, old: &StorageVersion, want: &[&str]) -> Evaluation {
+    assert_update_with(new, old, &live_facts(new), want)
+}
+
+/// [`assert_update`] with the lease facts `f`.
+#[track_caller]
+fn assert_update_with(
+    new: &StorageVersion,
+    old: &StorageVersion,
+    f: &LeaseFacts,
+    want: &[&str],
+) -> Evaluation {
+    let e = evaluate(new, Some(old), f, &opts());
+    assert_eq!(finding_summary(&e), want, "{:#?}", e.findings);
+    e
+}
+
+/// Each finding as `"<severity> [<code>] <entry>"` (no entry for findings outside entries).
+fn finding_summary(e: &Evaluation) -> Vec<String> {
     e.findings
         .iter()
         .map(|f| {
-            (
-                f.violation.code,
-                f.severity,
-                f.violation.entry_id.as_deref(),
-            )
+            let severity = match f.severity {
+                Severity::Deny => "deny",
+                Severity::Warn => "warn",
+            };
+            match &f.violation.entry_id {
+                Some(id) => format!("{severity} [{}] {id}", f.violation.code),
+                None => format!("{severity} [{}]", f.violation.code),
+            }
         })
         .collect()
 }
@@ -151,8 +224,7 @@ fn name_table() {
         ),
     ];
     for (name, expected) in cases {
-        let mut out = Vec::new();
-        upstream::check_name(&name, &mut out);
+        let out = name_violations(&name);
         match expected {
             None => assert!(out.is_empty(), "{name}: {:?}", rendered(&out)),
             Some(msg) => {
@@ -170,16 +242,14 @@ fn name_table() {
 
 #[test]
 fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
-    let mut out = Vec::new();
-    upstream::check_name(".pods", &mut out);
+    let out = name_violations(".pods");
     assert_eq!(
         rendered(&out),
         vec![
             r#"metadata.name: Invalid value: ".pods": the group segment a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"#
         ]
     );
-    let mut out = Vec::new();
-    upstream::check_name("apps.", &mut out);
+    let out = name_violations("apps.");
     assert_eq!(
         rendered(&out),
         vec![
@@ -187,15 +257,13 @@ fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
         ]
     );
     // Split at the LAST dot: the resource cannot hold a dot, the group can.
-    let mut out = Vec::new();
-    upstream::check_name("apps.1deployments", &mut out);
+    let out = name_violations("apps.1deployments");
     assert_eq!(out.len(), 1);
     assert!(out[0]
         .message
         .starts_with("the resource segment a DNS-1035 label"));
     // Length and pattern are independent.
-    let mut out = Vec::new();
-    upstream::check_name(&format!("{}-.pods", "x".repeat(254)), &mut out);
+    let out = name_violations(&format!("{}-.pods", "x".repeat(254)));
     assert_eq!(out.len(), 2, "{:?}", rendered(&out));
 }
 
@@ -204,13 +272,10 @@ fn name_segments_get_their_prefixes_and_render_like_apimachinery() {
 
 #[test]
 fn duplicate_api_server_id() {
-    let mut sv = object(
-        "core.pods",
-        vec![
-            entry("1", "v1alpha1", &["v1alpha1", "v1"], &[]),
-            entry("1", "v1beta1", &["v1alpha1", "v1"], &[]),
-        ],
-    );
+    let mut sv = pods(vec![
+        entry("1", "v1alpha1", &["v1alpha1", "v1"], &[]),
+        entry("1", "v1beta1", &["v1alpha1", "v1"], &[]),
+    ]);
     sv.status.common_encoding_version = Some("v1alpha1".into());
     let out = upstream_only(&sv);
     assert_has(
@@ -298,30 +363,14 @@ fn entry_checks_in_order_with_codes_and_paths() {
     let e = entry("Bad", "v1/x/y", &["", "v2"], &["v3", "v2"]);
     let mut out = Vec::new();
     upstream::check_entry(4, &e, &mut out);
-    let got: Vec<(Code, &str)> = out.iter().map(|v| (v.code, v.path.as_str())).collect();
     assert_eq!(
-        got,
-        vec![
-            (
-                Code::ApiServerIdInvalid,
-                "status.storageVersions[4].apiServerID"
-            ),
-            (
-                Code::VersionInvalid,
-                "status.storageVersions[4].encodingVersion"
-            ),
-            (
-                Code::VersionInvalid,
-                "status.storageVersions[4].decodableVersions[0]"
-            ),
-            (
-                Code::EncodingNotDecodable,
-                "status.storageVersions[4].decodableVersions"
-            ),
-            (
-                Code::ServedNotDecodable,
-                "status.storageVersions[4].servedVersions[0]"
-            ),
+        code_paths(&out),
+        [
+            "apiserverid-invalid at status.storageVersions[4].apiServerID",
+            "version-invalid at status.storageVersions[4].encodingVersion",
+            "version-invalid at status.storageVersions[4].decodableVersions[0]",
+            "encoding-not-decodable at status.storageVersions[4].decodableVersions",
+            "served-not-decodable at status.storageVersions[4].servedVersions[0]"
         ]
     );
     assert_eq!(
@@ -436,33 +485,47 @@ fn condition_violations(conditions: Vec<StorageVersionCondition>) -> Vec<Violati
 
 #[test]
 fn condition_cases() {
-    let out = condition_violations(vec![condition("-fea", "True", "unknown", "unknown")]);
-    assert_has(&out, "type: Invalid value");
-    assert_has(
-        &out,
-        r#"status.conditions[0].type: Invalid value: "-fea": name part must consist of"#,
-    );
-    assert_eq!(codes(&out), vec![Code::ConditionTypeInvalid]);
-
-    let out = condition_violations(vec![condition("fea", "-True", "unknown", "unknown")]);
-    assert_has(&out, "status: Invalid value");
-    assert_has(
-        &out,
-        r#"status.conditions[0].status: Invalid value: "-True": name part"#,
-    );
-    assert_eq!(codes(&out), vec![Code::ConditionStatusInvalid]);
-
-    let out = condition_violations(vec![condition("fea", "True", "", "unknown")]);
-    assert_has(&out, "Required value: reason cannot be empty");
+    let cases = [
+        (
+            condition("-fea", "True", "unknown", "unknown"),
+            vec![
+                "type: Invalid value",
+                r#"status.conditions[0].type: Invalid value: "-fea": name part must consist of"#,
+            ],
+            Code::ConditionTypeInvalid,
+        ),
+        (
+            condition("fea", "-True", "unknown", "unknown"),
+            vec![
+                "status: Invalid value",
+                r#"status.conditions[0].status: Invalid value: "-True": name part"#,
+            ],
+            Code::ConditionStatusInvalid,
+        ),
+        (
+            condition("fea", "True", "", "unknown"),
+            vec!["Required value: reason cannot be empty"],
+            Code::ConditionReasonEmpty,
+        ),
+        (
+            condition("fea", "True", "unknown", ""),
+            vec!["Required value: message cannot be empty"],
+            Code::ConditionMessageEmpty,
+        ),
+    ];
+    for (c, needles, code) in cases {
+        let out = condition_violations(vec![c.clone()]);
+        for needle in needles {
+            assert_has(&out, needle);
+        }
+        assert_eq!(codes(&out), vec![code], "{c:?}");
+    }
     assert_eq!(
-        rendered(&out),
+        rendered(&condition_violations(vec![condition(
+            "fea", "True", "", "unknown"
+        )])),
         vec!["status.conditions[0].reason: Required value: reason cannot be empty"]
     );
-    assert_eq!(codes(&out), vec![Code::ConditionReasonEmpty]);
-
-    let out = condition_violations(vec![condition("fea", "True", "unknown", "")]);
-    assert_has(&out, "Required value: message cannot be empty");
-    assert_eq!(codes(&out), vec![Code::ConditionMessageEmpty]);
 
     let out = condition_violations(vec![
         condition("fea", "True", "unknown", "unknown"),
@@ -519,14 +582,11 @@ fn condition_checks_in_order() {
 
 #[test]
 fn strategy_test_object_is_valid() {
-    let mut sv = object(
-        "core.pods",
-        vec![
-            entry("1", "v1", &["v1", "v2"], &[]),
-            entry("2", "v1", &["v1", "v2"], &[]),
-            entry("3", "v2", &["v1", "v2"], &[]),
-        ],
-    );
+    let mut sv = pods(vec![
+        entry("1", "v1", &["v1", "v2"], &[]),
+        entry("2", "v1", &["v1", "v2"], &[]),
+        entry("3", "v2", &["v1", "v2"], &[]),
+    ]);
     sv.status.common_encoding_version = None;
     assert!(
         upstream_only(&sv).is_empty(),
@@ -619,27 +679,19 @@ fn encoding_group_is_not_judged_on_malformed_input() {
 
 #[test]
 fn repeated_versions_are_reported_at_each_later_index() {
-    let sv = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "v2", "v1", "v1"], &["v2", "v2"])],
-    );
+    let sv = pods(vec![entry(
+        "a",
+        "v1",
+        &["v1", "v2", "v1", "v1"],
+        &["v2", "v2"],
+    )]);
     let out = violations(&sv);
-    let got: Vec<(Code, &str)> = out.iter().map(|v| (v.code, v.path.as_str())).collect();
     assert_eq!(
-        got,
-        vec![
-            (
-                Code::DecodableDuplicate,
-                "status.storageVersions[0].decodableVersions[2]"
-            ),
-            (
-                Code::DecodableDuplicate,
-                "status.storageVersions[0].decodableVersions[3]"
-            ),
-            (
-                Code::ServedDuplicate,
-                "status.storageVersions[0].servedVersions[1]"
-            ),
+        code_paths(&out),
+        [
+            "decodable-duplicate at status.storageVersions[0].decodableVersions[2]",
+            "decodable-duplicate at status.storageVersions[0].decodableVersions[3]",
+            "served-duplicate at status.storageVersions[0].servedVersions[1]"
         ]
     );
     assert_eq!(
@@ -653,7 +705,7 @@ fn repeated_versions_are_reported_at_each_later_index() {
 #[test]
 fn condition_status_must_be_a_defined_value() {
     let status_codes = |status: &str| {
-        let mut sv = object("core.pods", vec![]);
+        let mut sv = pods(vec![]);
         sv.status.conditions = vec![condition("Other", status, "r", "m")];
         codes(&violations(&sv))
     };
@@ -675,23 +727,20 @@ fn condition_status_must_be_a_defined_value() {
 #[test]
 fn all_encoding_versions_equal_must_agree_with_common() {
     let judge = |entries: Vec<ServerStorageVersion>, status: &str| {
-        let mut sv = object("core.pods", entries);
+        let mut sv = pods(entries);
         sv.status.conditions = vec![condition(ALL, status, "r", "m")];
         violations(&sv)
     };
     const ALL: &str = crate::model::ALL_ENCODING_VERSIONS_EQUAL;
-    let agree = || {
+    // `a` encodes v1; `b` encodes `b_version`.
+    let entries = |b_version: &str| {
         vec![
             entry("a", "v1", &["v1"], &[]),
-            entry("b", "v1", &["v1"], &[]),
+            entry("b", b_version, &[b_version], &[]),
         ]
     };
-    let disagree = || {
-        vec![
-            entry("a", "v1", &["v1"], &[]),
-            entry("b", "v2", &["v2"], &[]),
-        ]
-    };
+    let agree = || entries("v1");
+    let disagree = || entries("v2");
     assert!(judge(agree(), "True").is_empty());
     assert!(judge(disagree(), "False").is_empty());
     assert!(judge(disagree(), "Unknown").is_empty());
@@ -706,7 +755,7 @@ fn all_encoding_versions_equal_must_agree_with_common() {
     assert!(out[0].message.contains("\"v1\""), "{}", out[0].message);
 
     // Other condition types are not compared.
-    let mut sv = object("core.pods", disagree());
+    let mut sv = pods(disagree());
     sv.status.conditions = vec![condition("Other", "True", "r", "m")];
     assert!(violations(&sv).is_empty());
 }
@@ -715,7 +764,7 @@ fn all_encoding_versions_equal_must_agree_with_common() {
 // lease rule
 
 fn one_entry(id: &str) -> StorageVersion {
-    object("core.pods", vec![entry(id, "v1", &["v1"], &["v1"])])
+    pods(vec![entry(id, "v1", &["v1"], &["v1"])])
 }
 
 fn judge_create(lookup: Option<LeaseLookup>) -> Evaluation {
@@ -727,9 +776,26 @@ fn judge_create(lookup: Option<LeaseLookup>) -> Evaluation {
     evaluate(&sv, None, &facts, &opts())
 }
 
+/// A create judged with `apiserver-a`'s lease as given.
+fn judge_lease(
+    label: Option<&str>,
+    renewed_ago_s: Option<i64>,
+    duration_s: Option<i32>,
+) -> Evaluation {
+    judge_create(Some(lease("apiserver-a", label, renewed_ago_s, duration_s)))
+}
+
 fn only_finding(e: &Evaluation) -> &Finding {
     assert_eq!(e.findings.len(), 1, "{:#?}", e.findings);
     &e.findings[0]
+}
+
+/// The only finding, asserted to be `code` with `severity`.
+#[track_caller]
+fn the_finding(e: &Evaluation, code: Code, severity: Severity) -> &Finding {
+    let f = only_finding(e);
+    assert_eq!((f.violation.code, f.severity), (code, severity), "{f:#?}");
+    f
 }
 
 #[test]
@@ -743,9 +809,7 @@ fn live_lease_gives_nothing() {
 #[test]
 fn missing_lease_denies() {
     let e = judge_create(Some(LeaseLookup::NotFound));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseMissing);
-    assert_eq!(f.severity, Severity::Deny);
+    let f = the_finding(&e, Code::LeaseMissing, Severity::Deny);
     assert_eq!(f.note, None);
     assert_eq!(f.violation.path, "status.storageVersions[0].apiServerID");
     assert_eq!(f.violation.entry_id.as_deref(), Some("apiserver-a"));
@@ -755,15 +819,8 @@ fn missing_lease_denies() {
 
 #[test]
 fn lease_with_another_identity_denies() {
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-controller-manager"),
-        Some(10),
-        Some(3600),
-    )));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseNotApiserver);
-    assert_eq!(f.severity, Severity::Deny);
+    let e = judge_lease(Some("kube-controller-manager"), Some(10), Some(3600));
+    let f = the_finding(&e, Code::LeaseNotApiserver, Severity::Deny);
     let m = &f.violation.message;
     assert!(m.contains("apiserver.kubernetes.io/identity"), "{m}");
     assert!(m.contains("kube-controller-manager"), "{m}");
@@ -771,7 +828,7 @@ fn lease_with_another_identity_denies() {
 
 #[test]
 fn lease_without_identity_label_denies() {
-    let e = judge_create(Some(lease("apiserver-a", None, Some(10), Some(3600))));
+    let e = judge_lease(None, Some(10), Some(3600));
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseNotApiserver);
     assert!(f
@@ -783,15 +840,8 @@ fn lease_without_identity_label_denies() {
 #[test]
 fn expired_lease_denies_and_says_when() {
     // Renewed 2 hours ago with a 1 hour duration: expired at 23:00 the day before.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(7200),
-        Some(3600),
-    )));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseExpired);
-    assert_eq!(f.severity, Severity::Deny);
+    let e = judge_lease(Some("kube-apiserver"), Some(7200), Some(3600));
+    let f = the_finding(&e, Code::LeaseExpired, Severity::Deny);
     assert!(
         f.violation
             .message
@@ -803,22 +853,12 @@ fn expired_lease_denies_and_says_when() {
 
 #[test]
 fn lease_without_renew_time_or_duration_is_expired() {
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        None,
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), None, Some(3600));
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseExpired);
     assert!(f.violation.message.contains("renewTime"));
 
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(1),
-        None,
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(1), None);
     let f = only_finding(&e);
     assert_eq!(f.violation.code, Code::LeaseExpired);
     assert!(f.violation.message.contains("leaseDurationSeconds"));
@@ -827,37 +867,20 @@ fn lease_without_renew_time_or_duration_is_expired() {
 #[test]
 fn skew_allowance_is_honoured_up_to_its_edge() {
     // Expired 10s ago, allowance 30s: still live.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(3610),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(3610), Some(3600));
     assert!(e.findings.is_empty(), "{:#?}", e.findings);
     // Expired exactly 30s ago: renewTime + duration + allowance <= now, so expired.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(3630),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(3630), Some(3600));
     assert_eq!(only_finding(&e).violation.code, Code::LeaseExpired);
     // One second inside the allowance: live.
-    let e = judge_create(Some(lease(
-        "apiserver-a",
-        Some("kube-apiserver"),
-        Some(3629),
-        Some(3600),
-    )));
+    let e = judge_lease(Some("kube-apiserver"), Some(3629), Some(3600));
     assert!(e.findings.is_empty());
 }
 
 #[test]
 fn failed_lookup_only_warns() {
     let e = judge_create(Some(LeaseLookup::Failed("timeout".into())));
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseLookupFailed);
-    assert_eq!(f.severity, Severity::Warn);
+    let f = the_finding(&e, Code::LeaseLookupFailed, Severity::Warn);
     assert!(f.violation.message.contains("not denying"));
     assert!(f.violation.message.contains("timeout"));
     assert!(!e.is_denied());
@@ -876,16 +899,13 @@ fn unknown_lease_skips_the_rule() {
 
 #[test]
 fn invalid_ids_are_not_looked_up_or_lease_judged() {
-    let sv = object(
-        "core.pods",
-        vec![
-            entry("", "v1", &["v1"], &[]),
-            entry("b", "v1", &["v1"], &[]),
-            entry("Bad_ID", "v1", &["v1"], &[]),
-            entry("b", "v1", &["v1"], &[]),
-            entry("a", "v1", &["v1"], &[]),
-        ],
-    );
+    let sv = pods(vec![
+        entry("", "v1", &["v1"], &[]),
+        entry("b", "v1", &["v1"], &[]),
+        entry("Bad_ID", "v1", &["v1"], &[]),
+        entry("b", "v1", &["v1"], &[]),
+        entry("a", "v1", &["v1"], &[]),
+    ]);
     assert_eq!(lease_ids(&sv, None), vec!["b", "a"]);
     let e = evaluate(&sv, None, &LeaseFacts::new(), &opts());
     assert!(e.findings.iter().all(|f| !matches!(
@@ -898,10 +918,7 @@ fn invalid_ids_are_not_looked_up_or_lease_judged() {
 #[test]
 fn lease_ids_include_unchanged_entries() {
     let old = one_entry("x");
-    let mut new = old.clone();
-    new.status
-        .storage_versions
-        .push(entry("y", "v1", &["v1"], &[]));
+    let new = with_entry(&old, entry("y", "v1", &["v1"], &[]));
     assert_eq!(lease_ids(&new, Some(&old)), vec!["x", "y"]);
 }
 
@@ -912,15 +929,8 @@ fn lease_ids_include_unchanged_entries() {
 fn unchanged_entry_with_stale_lease_only_warns() {
     let old = one_entry("gone");
     let new = old.clone();
-    let e = evaluate(
-        &new,
-        Some(&old),
-        &facts(vec![("gone", LeaseLookup::NotFound)]),
-        &opts(),
-    );
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseMissing);
-    assert_eq!(f.severity, Severity::Warn);
+    let e = evaluate(&new, Some(&old), &gone("gone"), &opts());
+    let f = the_finding(&e, Code::LeaseMissing, Severity::Warn);
     assert_eq!(f.note, Some("unchanged from the stored object"));
 }
 
@@ -931,36 +941,24 @@ fn changed_entry_with_stale_lease_denies() {
     new.status.storage_versions[0]
         .decodable_versions
         .push("v2".into());
-    let e = evaluate(
-        &new,
-        Some(&old),
-        &facts(vec![("gone", LeaseLookup::NotFound)]),
-        &opts(),
-    );
-    let f = only_finding(&e);
-    assert_eq!(f.violation.code, Code::LeaseMissing);
-    assert_eq!(f.severity, Severity::Deny);
+    let e = evaluate(&new, Some(&old), &gone("gone"), &opts());
+    let f = the_finding(&e, Code::LeaseMissing, Severity::Deny);
     assert_eq!(f.note, None);
 }
 
 #[test]
 fn added_entry_with_stale_lease_denies_next_to_unchanged_ones() {
     let old = one_entry("a");
-    let mut new = old.clone();
-    new.status
-        .storage_versions
-        .push(entry("b", "v1", &["v1"], &["v1"]));
+    let new = with_entry(&old, entry("b", "v1", &["v1"], &["v1"]));
     let f = facts(vec![
         ("a", LeaseLookup::NotFound),
         ("b", LeaseLookup::NotFound),
     ]);
-    let e = evaluate(&new, Some(&old), &f, &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::LeaseMissing, Severity::Warn, Some("a")),
-            (Code::LeaseMissing, Severity::Deny, Some("b")),
-        ]
+    assert_update_with(
+        &new,
+        &old,
+        &f,
+        &["warn [lease-missing] a", "deny [lease-missing] b"],
     );
 }
 
@@ -968,38 +966,25 @@ fn added_entry_with_stale_lease_denies_next_to_unchanged_ones() {
 fn reordered_entries_still_ratchet() {
     let a = entry("a", "v1", &["v1", "v1"], &["v1"]);
     let b = entry("b", "v1", &["v1"], &["v1"]);
-    let old = object("core.pods", vec![a.clone(), b.clone()]);
+    let old = pods(vec![a.clone(), b.clone()]);
     let mut a_reordered = a;
     a_reordered.decodable_versions.reverse();
-    let new = object("core.pods", vec![b, a_reordered]);
+    let new = pods(vec![b, a_reordered]);
     let f = facts(vec![("a", LeaseLookup::NotFound), ("b", live("b"))]);
-    let e = evaluate(&new, Some(&old), &f, &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::DecodableDuplicate, Severity::Warn, Some("a")),
-            (Code::LeaseMissing, Severity::Warn, Some("a")),
-        ]
+    let e = assert_update_with(
+        &new,
+        &old,
+        &f,
+        &["warn [decodable-duplicate] a", "warn [lease-missing] a"],
     );
     assert!(!e.is_denied());
 }
 
 #[test]
 fn served_versions_in_another_order_are_unchanged() {
-    let old = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "v2"], &["v1", "v2"])],
-    );
-    let new = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "v2"], &["v2", "v1"])],
-    );
-    let e = evaluate(
-        &new,
-        Some(&old),
-        &facts(vec![("a", LeaseLookup::NotFound)]),
-        &opts(),
-    );
+    let old = pods(vec![entry("a", "v1", &["v1", "v2"], &["v1", "v2"])]);
+    let new = pods(vec![entry("a", "v1", &["v1", "v2"], &["v2", "v1"])]);
+    let e = evaluate(&new, Some(&old), &gone("a"), &opts());
     assert_eq!(only_finding(&e).severity, Severity::Warn);
 }
 
@@ -1007,21 +992,15 @@ fn served_versions_in_another_order_are_unchanged() {
 fn a_bad_name_denies_on_create_and_warns_on_update() {
     let sv = object("pods", vec![]);
     let e = evaluate(&sv, None, &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::NameFormat, Severity::Deny, None)]
-    );
+    assert_eq!(finding_summary(&e), vec!["deny [name-format]"]);
     let e = evaluate(&sv, Some(&sv), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::NameFormat, Severity::Warn, None)]
-    );
+    assert_eq!(finding_summary(&e), vec!["warn [name-format]"]);
     assert_eq!(e.findings[0].note, Some("unchanged from the stored object"));
 }
 
 #[test]
 fn create_denies_everything() {
-    let sv = object("core.pods", vec![entry("a", "apps/v1", &["v1"], &[])]);
+    let sv = pods(vec![entry("a", "apps/v1", &["v1"], &[])]);
     let e = evaluate(
         &sv,
         None,
@@ -1031,9 +1010,9 @@ fn create_denies_everything() {
     assert_eq!(
         finding_summary(&e),
         vec![
-            (Code::EncodingNotDecodable, Severity::Deny, Some("a")),
-            (Code::EncodingGroupMismatch, Severity::Deny, Some("a")),
-            (Code::LeaseMissing, Severity::Deny, Some("a")),
+            "deny [encoding-not-decodable] a",
+            "deny [encoding-group-mismatch] a",
+            "deny [lease-missing] a",
         ]
     );
 }
@@ -1042,7 +1021,7 @@ fn create_denies_everything() {
 fn removing_entries_is_allowed() {
     let a = entry("a", "v1", &["v1"], &["v1"]);
     let gone = entry("gone", "v2", &["v2", "v2"], &["v2"]);
-    let mut old = object("core.pods", vec![a.clone(), gone]);
+    let mut old = pods(vec![a.clone(), gone]);
     common::set_common_encoding_version(&mut old, NOW);
     let mut new = old.clone();
     new.status
@@ -1065,11 +1044,8 @@ fn an_old_violation_at_the_same_place_excuses_a_changed_entry() {
     // Entry "a" changes (new served version) but its bad decodableVersions[1] was already there,
     // with the same value (a changed bad value is a new violation: see
     // ratchet_carries_a_violation_over_only_when_its_value_is_unchanged).
-    let old = object("core.pods", vec![entry("a", "v1", &["v1", "/x"], &[])]);
-    let new = object(
-        "core.pods",
-        vec![entry("a", "v1", &["v1", "/x", "V3"], &["v1"])],
-    );
+    let old = pods(vec![entry("a", "v1", &["v1", "/x"], &[])]);
+    let new = pods(vec![entry("a", "v1", &["v1", "/x", "V3"], &["v1"])]);
     let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
     let got: Vec<(&str, Severity)> = e
         .findings
@@ -1090,20 +1066,14 @@ fn an_old_violation_at_the_same_place_excuses_a_changed_entry() {
         ]
     );
     // The same violation in another entry (another ID) is not excused.
-    let new = object(
-        "core.pods",
-        vec![
-            entry("a", "v1", &["v1", "/x"], &[]),
-            entry("b", "v1", &["v1", "/x"], &[]),
-        ],
-    );
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::VersionInvalid, Severity::Warn, Some("a")),
-            (Code::VersionInvalid, Severity::Deny, Some("b")),
-        ]
+    let new = pods(vec![
+        entry("a", "v1", &["v1", "/x"], &[]),
+        entry("b", "v1", &["v1", "/x"], &[]),
+    ]);
+    assert_update(
+        &new,
+        &old,
+        &["warn [version-invalid] a", "deny [version-invalid] b"],
     );
 }
 
@@ -1113,59 +1083,46 @@ fn duplicate_ids_ratchet_by_count() {
     let a2 = entry("a", "v1", &["v1", "v2"], &[]);
     let a3 = entry("a", "v1", &["v1", "v3"], &[]);
     // A repeat of an unchanged entry is still a new duplicate.
-    let old = object("core.pods", vec![a.clone()]);
-    let new = object("core.pods", vec![a.clone(), a.clone()]);
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ApiServerIdDuplicate, Severity::Deny, Some("a"))]
-    );
+    let old = pods(vec![a.clone()]);
+    let new = pods(vec![a.clone(), a.clone()]);
+    assert_update(&new, &old, &["deny [apiserverid-duplicate] a"]);
     // One duplicate already stored, one added.
-    let old = object("core.pods", vec![a.clone(), a2.clone()]);
-    let new = object("core.pods", vec![a, a2, a3]);
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::ApiServerIdDuplicate, Severity::Warn, Some("a")),
-            (Code::ApiServerIdDuplicate, Severity::Deny, Some("a")),
-        ]
+    let old = pods(vec![a.clone(), a2.clone()]);
+    let new = pods(vec![a, a2, a3]);
+    assert_update(
+        &new,
+        &old,
+        &[
+            "warn [apiserverid-duplicate] a",
+            "deny [apiserverid-duplicate] a",
+        ],
     );
 }
 
 #[test]
 fn conditions_ratchet_by_path() {
-    let mut old = object("core.pods", vec![]);
-    old.status.conditions = vec![condition("x", "True", "", "m")];
+    let old = with_condition(condition("x", "True", "", "m"));
     let mut new = old.clone();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ConditionReasonEmpty, Severity::Warn, None)]
-    );
+    assert_update(&new, &old, &["warn [condition-reason-empty]"]);
     new.status.conditions[0].message.clear();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![
-            (Code::ConditionReasonEmpty, Severity::Warn, None),
-            (Code::ConditionMessageEmpty, Severity::Deny, None),
-        ]
+    assert_update(
+        &new,
+        &old,
+        &[
+            "warn [condition-reason-empty]",
+            "deny [condition-message-empty]",
+        ],
     );
 }
 
 #[test]
 fn kube_apiserver_periodic_rewrite_is_allowed() {
     // Three live apiservers, one stale: the 10-minute no-op rewrite is not denied.
-    let mut sv = object(
+    let sv = agreed(
         "apps.deployments",
-        vec![
-            entry("apiserver-a", "apps/v1", &["apps/v1"], &["apps/v1"]),
-            entry("apiserver-b", "apps/v1", &["apps/v1"], &["apps/v1"]),
-            entry("apiserver-gone", "apps/v1", &["apps/v1"], &["apps/v1"]),
-        ],
+        "apps/v1",
+        &["apiserver-a", "apiserver-b", "apiserver-gone"],
     );
-    common::set_common_encoding_version(&mut sv, NOW);
     let mut f = live_facts(&sv);
     f.insert("apiserver-gone".into(), LeaseLookup::NotFound);
     let e = evaluate(&sv, Some(&sv), &f, &opts());
@@ -1176,15 +1133,8 @@ fn kube_apiserver_periodic_rewrite_is_allowed() {
 
 #[test]
 fn valid_write_has_no_findings() {
-    let mut sv = object(
-        "core.pods",
-        vec![
-            entry("apiserver-a", "v1", &["v1"], &["v1"]),
-            entry("apiserver-b", "v1", &["v1"], &["v1"]),
-            entry("apiserver-c", "v1", &["v1"], &["v1"]),
-        ],
-    );
-    common::set_common_encoding_version(&mut sv, NOW);
+    let ids = ["apiserver-a", "apiserver-b", "apiserver-c"];
+    let sv = agreed("core.pods", "v1", &ids);
     let f = live_facts(&sv);
     assert_eq!(evaluate(&sv, None, &f, &opts()), Evaluation::default());
     assert_eq!(evaluate(&sv, Some(&sv), &f, &opts()), Evaluation::default());
@@ -1193,27 +1143,14 @@ fn valid_write_has_no_findings() {
 #[test]
 fn ratchet_carries_a_violation_over_only_when_its_value_is_unchanged() {
     // Outside entries: a bad condition type stays a warning while unchanged...
-    let mut old = object("core.pods", vec![]);
-    old.status.conditions = vec![condition("bad type!", "True", "r", "m")];
+    let old = with_condition(condition("bad type!", "True", "r", "m"));
     let mut new = old.clone();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ConditionTypeInvalid, Severity::Warn, None)]
-    );
+    assert_update(&new, &old, &["warn [condition-type-invalid]"]);
     // ...but changing it into another bad value is a new violation.
     new.status.conditions[0].type_ = "other bad!".into();
-    let e = evaluate(&new, Some(&old), &LeaseFacts::new(), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::ConditionTypeInvalid, Severity::Deny, None)]
-    );
+    assert_update(&new, &old, &["deny [condition-type-invalid]"]);
     // Inside an entry: the same place, another bad version.
-    let old = object("core.pods", vec![entry("a", "v1", &["v1", "x/y/z"], &[])]);
-    let new = object("core.pods", vec![entry("a", "v1", &["v1", "p/q/r"], &[])]);
-    let e = evaluate(&new, Some(&old), &live_facts(&new), &opts());
-    assert_eq!(
-        finding_summary(&e),
-        vec![(Code::VersionInvalid, Severity::Deny, Some("a"))]
-    );
+    let old = pods(vec![entry("a", "v1", &["v1", "x/y/z"], &[])]);
+    let new = pods(vec![entry("a", "v1", &["v1", "p/q/r"], &[])]);
+    assert_update(&new, &old, &["deny [version-invalid] a"]);
 }

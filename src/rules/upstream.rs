@@ -110,6 +110,19 @@ pub(super) fn entry_violation(
 
 /// One `ServerStorageVersion` (docs/upstream.md §2.3).
 pub fn check_entry(i: usize, entry: &ServerStorageVersion, out: &mut Vec<Violation>) {
+    // A version string at `field` that is not `[group/]version`.
+    let invalid_version = |field: &str, v: &str| {
+        let why = names::api_version(v).join(",");
+        entry_violation(
+            Code::VersionInvalid,
+            i,
+            entry,
+            field,
+            ErrorType::Invalid,
+            go_quote(v),
+            why,
+        )
+    };
     let id = &entry.api_server_id;
     if !names::is_dns1123_subdomain(id) {
         for m in names::dns1123_subdomain(id) {
@@ -127,29 +140,13 @@ pub fn check_entry(i: usize, entry: &ServerStorageVersion, out: &mut Vec<Violati
 
     let enc = &entry.encoding_version;
     if !names::is_api_version(enc) {
-        out.push(entry_violation(
-            Code::VersionInvalid,
-            i,
-            entry,
-            "encodingVersion",
-            ErrorType::Invalid,
-            go_quote(enc),
-            names::api_version(enc).join(","),
-        ));
+        out.push(invalid_version("encodingVersion", enc));
     }
 
     let decodable = &entry.decodable_versions;
     for (j, d) in decodable.iter().enumerate() {
         if !names::is_api_version(d) {
-            out.push(entry_violation(
-                Code::VersionInvalid,
-                i,
-                entry,
-                &format!("decodableVersions[{j}]"),
-                ErrorType::Invalid,
-                go_quote(d),
-                names::api_version(d).join(","),
-            ));
+            out.push(invalid_version(&format!("decodableVersions[{j}]"), d));
         }
     }
     if !decodable.iter().any(|d| d == enc) {
@@ -168,15 +165,7 @@ pub fn check_entry(i: usize, entry: &ServerStorageVersion, out: &mut Vec<Violati
     let decodable_set = Members::new(decodable, served.len());
     for (k, s) in served.iter().enumerate() {
         if !names::is_api_version(s) {
-            out.push(entry_violation(
-                Code::VersionInvalid,
-                i,
-                entry,
-                &format!("servedVersions[{k}]"),
-                ErrorType::Invalid,
-                go_quote(s),
-                names::api_version(s).join(","),
-            ));
+            out.push(invalid_version(&format!("servedVersions[{k}]"), s));
         }
         if !decodable_set.contains(s) {
             out.push(entry_violation(
@@ -254,28 +243,23 @@ pub fn check_conditions(conditions: &[StorageVersionCondition], out: &mut Vec<Vi
                 ),
             ));
         }
-        if !names::is_qualified_name(&c.type_) {
-            for m in names::qualified_name(&c.type_) {
-                out.push(condition_violation(
-                    Code::ConditionTypeInvalid,
-                    i,
-                    "type",
-                    ErrorType::Invalid,
-                    Some(go_quote(&c.type_)),
-                    m,
-                ));
-            }
-        }
-        if !names::is_qualified_name(&c.status) {
-            for m in names::qualified_name(&c.status) {
-                out.push(condition_violation(
-                    Code::ConditionStatusInvalid,
-                    i,
-                    "status",
-                    ErrorType::Invalid,
-                    Some(go_quote(&c.status)),
-                    m,
-                ));
+        // type, then status: each a qualified name.
+        for (code, field, value) in [
+            (Code::ConditionTypeInvalid, "type", &c.type_),
+            (Code::ConditionStatusInvalid, "status", &c.status),
+        ] {
+            if !names::is_qualified_name(value) {
+                for m in names::qualified_name(value) {
+                    let bad = Some(go_quote(value));
+                    out.push(condition_violation(
+                        code,
+                        i,
+                        field,
+                        ErrorType::Invalid,
+                        bad,
+                        m,
+                    ));
+                }
             }
         }
         if c.reason.is_empty() {

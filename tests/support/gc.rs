@@ -63,6 +63,17 @@ impl InProcessGc {
     }
 
     /// Sum of a `storageversion_webhook_gc_<name>` metric over the lines with all `labels`.
+    /// Asserts that the collector has written nothing (status updates and deletes).
+    #[track_caller]
+    pub fn assert_no_writes(&self) {
+        assert_eq!(
+            self.metric("writes_total", &[]),
+            0.0,
+            "the GC wrote:\n{}",
+            self.metrics()
+        );
+    }
+
     pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         metric_sum(
             &self.metrics(),
@@ -182,6 +193,24 @@ pub async fn wait_entries(
     }
 }
 
+/// Polls until the StorageVersion `name` has no entry for `gone` and one for `kept`, for at
+/// most `deadline`; the error says what was awaited.
+pub async fn wait_collected(
+    cp: &ControlPlane,
+    name: &str,
+    gone: &str,
+    kept: &str,
+    deadline: Duration,
+) -> Result<(), String> {
+    let what = format!("{name} to lose the entry of {gone} and keep {kept}'s");
+    poll_until(deadline, &what, || async {
+        get_sv_opt(cp, name)
+            .await
+            .is_some_and(|sv| sv.entry(gone).is_none() && sv.entry(kept).is_some())
+    })
+    .await
+}
+
 async fn get_sv_opt(cp: &ControlPlane, name: &str) -> Option<StorageVersion> {
     storage_versions(cp).get_opt(name).await.ok().flatten()
 }
@@ -197,12 +226,18 @@ pub async fn wait_deleted(cp: &ControlPlane, name: &str, deadline: Duration) {
 
 /// A client for `kubeconfig` that impersonates `user` (for RBAC-limited scenarios).
 pub async fn impersonating_client(kubeconfig: &Path, user: &str) -> kube::Client {
+    client_as(kubeconfig, user, None).await
+}
+
+/// A client for `kubeconfig` that impersonates `user` (and `group`, if any).
+async fn client_as(kubeconfig: &Path, user: &str, group: Option<&str>) -> kube::Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
     let mut config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .expect("kubeconfig config");
     config.auth_info.impersonate = Some(user.to_string());
+    config.auth_info.impersonate_groups = group.map(|g| vec![g.to_string()]);
     config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
     kube::Client::try_from(config).expect("client")
 }
@@ -267,15 +302,7 @@ pub fn kcm_start(cp: &ControlPlane, args: &[&str]) {
 /// A client for `kubeconfig` that acts as `user` in `system:masters` (all rights), so the
 /// apiserver's audit log can tell its requests from the test's own.
 pub async fn counted_client(kubeconfig: &Path, user: &str) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .expect("kubeconfig config");
-    config.auth_info.impersonate = Some(user.to_string());
-    config.auth_info.impersonate_groups = Some(vec!["system:masters".to_string()]);
-    config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
-    kube::Client::try_from(config).expect("client")
+    client_as(kubeconfig, user, Some("system:masters")).await
 }
 
 /// Restarts kube-apiserver writing an audit log (metadata of every request, one line per

@@ -20,7 +20,7 @@ use storageversion_webhook::model::{
 };
 use storageversion_webhook::rules::common::set_common_encoding_version;
 
-use super::{repo_root, ControlPlane};
+use super::{controlplane_script, repo_root, run_script_ok, ControlPlane};
 use timeline::{CommonChange, CountSample, Event, ObjectEvent, Segment, Timeline};
 
 /// The two Kubernetes minors of the rolling upgrade.
@@ -332,19 +332,16 @@ pub fn read_ports_env(dir: &Path) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The keys of `map` that are not in `present`.
+fn keys_not_in<K: Ord + Clone, V>(map: &BTreeMap<K, V>, present: &BTreeSet<K>) -> Vec<K> {
+    map.keys()
+        .filter(|k| !present.contains(*k))
+        .cloned()
+        .collect()
+}
+
 fn run_script(dir: &Path, args: &[String]) {
-    let out = std::process::Command::new(repo_root().join("tests/controlplane/run"))
-        .args(args)
-        .env("SVW_CP_DIR", dir)
-        .output()
-        .expect("tests/controlplane/run can be started");
-    assert!(
-        out.status.success(),
-        "tests/controlplane/run {args:?} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_script_ok(&mut controlplane_script(dir, args), args);
 }
 
 // ----------------------------------------------------------------------- recorder --
@@ -524,6 +521,18 @@ impl Recorder {
 
     /// Waits (polling the recorder's own listings) until `cond` holds for a snapshot taken
     /// after this call; returns it, or the last one seen with the error.
+    /// Waits up to 90 s until no object has an entry of apiserver `index`; returns that
+    /// snapshot.
+    pub async fn wait_entries_gone(&self, index: usize) -> Snapshot {
+        self.wait_for(
+            &format!("apiserver {index}'s entries to go"),
+            Duration::from_secs(90),
+            |s| s.objects.keys().all(|n| !s.entries_of(n).contains(&index)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     pub async fn wait_for<F>(
         &self,
         what: &str,
@@ -654,12 +663,7 @@ fn observe(st: &mut RecState, t: f64, objects: Vec<StorageVersion>, leases: Vec<
     for id in &lease_ids {
         st.lease_open.entry(id.clone()).or_insert(t);
     }
-    let gone: Vec<String> = st
-        .lease_open
-        .keys()
-        .filter(|id| !lease_ids.contains(*id))
-        .cloned()
-        .collect();
+    let gone = keys_not_in(&st.lease_open, &lease_ids);
     for id in gone {
         if let Some(from) = st.lease_open.remove(&id) {
             st.tl.leases.push(Segment {
@@ -749,12 +753,7 @@ fn observe(st: &mut RecState, t: f64, objects: Vec<StorageVersion>, leases: Vec<
             st.last_common.insert(name, None);
         }
     }
-    let closed: Vec<(String, String)> = st
-        .open
-        .keys()
-        .filter(|k| !present.contains(*k))
-        .cloned()
-        .collect();
+    let closed = keys_not_in(&st.open, &present);
     for key in closed {
         if let Some((enc, from)) = st.open.remove(&key) {
             st.tl.segments.push(Segment {
@@ -803,6 +802,11 @@ pub struct Loss {
 }
 
 /// Every gap in an (object, apiserver) entry after its first appearance.
+/// The StorageVersion deletions in `tl`.
+pub fn deletions(tl: &Timeline) -> Vec<&ObjectEvent> {
+    tl.objects.iter().filter(|o| o.what == "deleted").collect()
+}
+
 pub fn losses(tl: &Timeline) -> Vec<Loss> {
     let mut by_key: BTreeMap<(&str, &str), Vec<&Segment>> = BTreeMap::new();
     for s in &tl.segments {
@@ -871,13 +875,7 @@ pub fn condition_violations(name: &str, history: &[(f64, StorageVersionStatus)])
                 cur.common_encoding_version, want.common_encoding_version
             ));
         }
-        let find = |s: &StorageVersionStatus| {
-            s.conditions
-                .iter()
-                .filter(|c| c.type_ == "AllEncodingVersionsEqual")
-                .cloned()
-                .collect::<Vec<_>>()
-        };
+        let find = |s: &StorageVersionStatus| s.encoding_conditions().cloned().collect::<Vec<_>>();
         let (w_c, c_c, p_c) = (find(want), find(cur), find(prev));
         if c_c.len() != 1 || w_c.len() != 1 {
             out.push(format!(

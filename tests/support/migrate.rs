@@ -134,8 +134,8 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// Events (events.k8s.io/v1, namespace `default`) about the object named `name` with `reason`.
-pub async fn events(cp: &ControlPlane, name: &str, reason: &str) -> Vec<K8sEvent> {
+/// Events (events.k8s.io/v1, namespace `default`) about the object named `name`.
+pub async fn events_about(cp: &ControlPlane, name: &str) -> Vec<K8sEvent> {
     let api: Api<K8sEvent> = Api::namespaced(cp.client.clone(), "default");
     api.list(&ListParams::default())
         .await
@@ -143,13 +143,19 @@ pub async fn events(cp: &ControlPlane, name: &str, reason: &str) -> Vec<K8sEvent
         .unwrap_or_default()
         .into_iter()
         .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding
-                    .as_ref()
-                    .and_then(|r| r.name.as_deref())
-                    .is_some_and(|n| n == name)
+            e.regarding
+                .as_ref()
+                .and_then(|r| r.name.as_deref())
+                .is_some_and(|n| n == name)
         })
         .collect()
+}
+
+/// [`events_about`] `name` with `reason`.
+pub async fn events(cp: &ControlPlane, name: &str, reason: &str) -> Vec<K8sEvent> {
+    let mut all = events_about(cp, name).await;
+    all.retain(|e| e.reason.as_deref() == Some(reason));
+    all
 }
 
 /// How many times Events about `name` with `reason` occurred (a repeated Event is one object

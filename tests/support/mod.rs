@@ -123,22 +123,72 @@ impl ControlPlaneDir {
     }
 
     fn run_with_env(&self, args: &[&str], env: &[(&str, &str)]) {
-        let mut cmd = Command::new(repo_root().join("tests/controlplane/run"));
-        cmd.args(args)
-            .env("SVW_CP_DIR", &self.0)
-            .env("SVW_CP_OWNER_PID", std::process::id().to_string());
+        let mut cmd = controlplane_script(&self.0, args);
+        cmd.env("SVW_CP_OWNER_PID", std::process::id().to_string());
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("tests/controlplane/run can be started");
-        assert!(
-            out.status.success(),
-            "tests/controlplane/run {args:?} failed ({}):\n{}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_script_ok(&mut cmd, args);
     }
+}
+
+/// `tests/controlplane/run` with `args` for the control plane in `dir`.
+pub fn controlplane_script<S: AsRef<std::ffi::OsStr>>(dir: &Path, args: &[S]) -> Command {
+    let mut cmd = Command::new(repo_root().join("tests/controlplane/run"));
+    cmd.args(args).env("SVW_CP_DIR", dir);
+    cmd
+}
+
+/// Runs a [`controlplane_script`] command; on failure panics with its `args` and output.
+pub fn run_script_ok<S: std::fmt::Debug>(cmd: &mut Command, args: &[S]) {
+    let out = cmd.output().expect("tests/controlplane/run can be started");
+    assert!(
+        out.status.success(),
+        "tests/controlplane/run {args:?} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `storageversion_webhook_admission_reviews_total` with `labels`, summed, in `metrics`.
+pub fn reviews_total(metrics: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        "storageversion_webhook_admission_reviews_total",
+        labels,
+    )
+}
+
+/// `storageversion_webhook_admission_findings_total` with `labels`, summed, in `metrics`.
+pub fn findings_total(metrics: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        "storageversion_webhook_admission_findings_total",
+        labels,
+    )
+}
+
+/// `storageversion_webhook_lease_lookups_total` with `labels`, summed, in `metrics`.
+pub fn lease_lookups_total(metrics: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        "storageversion_webhook_lease_lookups_total",
+        labels,
+    )
+}
+
+/// Starts `serve` with `extra` arguments and registers it as `cp`'s webhook with
+/// `failure_policy`. Keep the certificates while the webhook runs (`let (_certs, hook)`).
+pub async fn registered_webhook(
+    cp: &ControlPlane,
+    extra: &[&str],
+    failure_policy: &str,
+) -> (Certs, Webhook) {
+    let certs = Certs::generate();
+    let hook = Webhook::start(cp, &certs, extra).await;
+    register_webhook(cp, &hook.url(), &certs.ca_pem, failure_policy).await;
+    (certs, hook)
 }
 
 /// A CA and a serving certificate for 127.0.0.1, as PEM files in a temp dir.

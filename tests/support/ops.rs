@@ -7,7 +7,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-use super::{bin_dir, repo_root};
+use super::{bin_dir, repo_root, ControlPlane};
 
 pub fn chart_dir() -> PathBuf {
     repo_root().join("charts/storageversion-webhook")
@@ -36,6 +36,13 @@ pub fn helm() -> Command {
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
         .env_remove("KUBECONFIG");
+    cmd
+}
+
+/// helm with `cp`'s admin kubeconfig.
+pub fn helm_on(cp: &ControlPlane) -> Command {
+    let mut cmd = helm();
+    cmd.env("KUBECONFIG", &cp.kubeconfig);
     cmd
 }
 
