@@ -146,20 +146,8 @@ fn write_reviews(
 fn write_real_review(captured: &std::path::Path, out: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
     let text = std::fs::read(captured).with_context(|| format!("read {}", captured.display()))?;
-    let mut review: serde_json::Value = serde_json::from_slice(&text)
+    let body = fixtures::real_review_body(&text)
         .with_context(|| format!("{} is not JSON", captured.display()))?;
-    let id = fixtures::apiserver_ids(1).remove(0);
-    for which in ["object", "oldObject"] {
-        // pointer_mut, not indexing: `v["missing"]` on a mutable value inserts a null.
-        let at = format!("/request/{which}/status/storageVersions");
-        if let Some(entries) = review.pointer_mut(&at).and_then(|v| v.as_array_mut()) {
-            for e in entries {
-                e["apiServerID"] = serde_json::Value::String(id.clone());
-            }
-        }
-    }
-    // Compact, as kube-apiserver sends it.
-    let body = serde_json::to_vec(&review)?;
     std::fs::write(out, &body)?;
     println!("real review body: {} bytes", body.len());
     Ok(())

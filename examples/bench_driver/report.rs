@@ -38,6 +38,19 @@ fn f(v: &Value, k: &str) -> f64 {
     v[k].as_f64().unwrap_or(f64::NAN)
 }
 
+/// The two bodies of section 1, each with its validate and limit endpoints.
+const BODIES: [(&str, &str, &str); 2] = [
+    ("synthetic", "validate", "limit"),
+    ("real", "validate-real", "limit-real"),
+];
+
+/// For each body measured in `eps`: its name, the validate runs and the limit runs.
+fn body_pairs<T>(eps: &BTreeMap<String, T>) -> impl Iterator<Item = (&'static str, &T, &T)> {
+    BODIES
+        .into_iter()
+        .filter_map(move |(body, v, l)| Some((body, eps.get(v)?, eps.get(l)?)))
+}
+
 pub fn median(mut xs: Vec<f64>) -> f64 {
     xs.retain(|x| x.is_finite());
     if xs.is_empty() {
@@ -279,13 +292,7 @@ fn admission(
         if !rate.is_empty() {
             continue;
         }
-        for (body, validate, limit) in [
-            ("synthetic", "validate", "limit"),
-            ("real", "validate-real", "limit-real"),
-        ] {
-            let (Some(v), Some(l)) = (eps.get(validate), eps.get(limit)) else {
-                continue;
-            };
+        for (body, v, l) in body_pairs(eps) {
             let pair = |clean_only: bool, k: &str, inv: bool| -> (f64, usize) {
                 let xs: Vec<f64> = v
                     .iter()
@@ -354,13 +361,7 @@ fn admission(
         if rate.is_empty() || mode != "pinned" {
             continue;
         }
-        for (body, validate, limit) in [
-            ("synthetic", "validate", "limit"),
-            ("real", "validate-real", "limit-real"),
-        ] {
-            let (Some(v), Some(l)) = (eps.get(validate), eps.get(limit)) else {
-                continue;
-            };
+        for (body, v, l) in body_pairs(eps) {
             let p99 = |reps: &BTreeMap<String, &Value>| {
                 median(reps.values().map(|r| f(r, "p99_ms")).collect())
             };

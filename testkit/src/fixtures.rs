@@ -149,3 +149,20 @@ pub fn not_a_review(len: usize) -> String {
     let pad = len.saturating_sub(head.len() + tail.len());
     format!("{head}{}{tail}", "x".repeat(pad))
 }
+
+/// A review captured from kube-apiserver (`bench/fixtures/real-review.json`), its entries'
+/// apiServerIDs replaced by the first fixture apiserver's, compact as kube-apiserver sends it.
+pub fn real_review_body(captured: &[u8]) -> Result<Vec<u8>, serde_json::Error> {
+    let mut review: Value = serde_json::from_slice(captured)?;
+    let id = apiserver_id(0);
+    for which in ["object", "oldObject"] {
+        // pointer_mut, not indexing: `v["missing"]` on a mutable value inserts a null.
+        let at = format!("/request/{which}/status/storageVersions");
+        if let Some(entries) = review.pointer_mut(&at).and_then(|v| v.as_array_mut()) {
+            for e in entries {
+                e["apiServerID"] = Value::String(id.clone());
+            }
+        }
+    }
+    serde_json::to_vec(&review)
+}
