@@ -10,7 +10,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::registry::Registry;
-use storageversion_webhook::admission::{decode_review_with, Admission, Enforcement, JsonReader};
+use storageversion_webhook::admission::{decode_review, Admission, Enforcement};
 use storageversion_webhook::leases::StaticLeases;
 use storageversion_webhook::metrics::Metrics;
 use storageversion_webhook::model::{
@@ -105,18 +105,16 @@ fn bench(c: &mut Criterion) {
     // replaced by a fixture apiserver's (as `bench_driver review --real` does).
     let real = real_review();
     let synthetic = case("3-entries", 3).body;
-    // The one-pass decode of each body with serde_json and with sonic-rs (same binary, one run).
+    // The one-pass decode of each body alone.
     for (label, body) in [("3-entries", &synthetic), ("real-review", &real.body)] {
         let mut g = c.benchmark_group(label);
-        for reader in [JsonReader::SerdeJson, JsonReader::SonicRs] {
-            assert_eq!(
-                decode_review_with(body, reader),
-                Some(if label == "3-entries" { 3 } else { 1 })
-            );
-            g.bench_function(format!("decode_review/{reader:?}"), |b| {
-                b.iter(|| decode_review_with(black_box(body), reader))
-            });
-        }
+        assert_eq!(
+            decode_review(body),
+            Some(if label == "3-entries" { 3 } else { 1 })
+        );
+        g.bench_function("decode_review", |b| {
+            b.iter(|| decode_review(black_box(body)))
+        });
         g.finish();
     }
     let mut g = c.benchmark_group("real-review");

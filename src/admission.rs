@@ -249,10 +249,9 @@ impl Admission {
     async fn review_inner(&self, body: &[u8]) -> Result<Vec<u8>, BadReview> {
         // Fast path: the objects decoded in the same pass as the review. Anything it cannot read
         // goes the two-pass way, which finds and reports the problem exactly as before.
-        // sonic-rs (SIMD) reads the review about twice as fast as serde_json; it accepts the
-        // same documents (UTF-8 checked, trailing characters refused), and whatever it refuses
-        // goes to serde_json below, whose errors the answers quote.
-        if let Ok(review) = sonic_rs::from_slice::<AdmissionReviewIn<'_, ReviewedObject>>(body) {
+        // (sonic-rs was tried for this pass and measured slower than serde_json on both benchmark
+        // bodies: BENCHMARKS.md, section 2 of the 2026-12-01 run.)
+        if let Ok(review) = serde_json::from_slice::<AdmissionReviewIn<'_, ReviewedObject>>(body) {
             return self.answer(review).await;
         }
         let review: AdmissionReviewIn<'_, &RawValue> =
@@ -584,22 +583,11 @@ impl From<ReviewedObject> for StorageVersion {
     }
 }
 
-/// A JSON reader for the review's one-pass decode (`benches/rules.rs` compares them).
+/// Decodes `body` as a review's one-pass decode does (review and both objects); the number of
+/// entries of `request.object`, or `None` if it could not. For the benchmark.
 #[doc(hidden)]
-#[derive(Clone, Copy, Debug)]
-pub enum JsonReader {
-    SerdeJson,
-    SonicRs,
-}
-
-/// Decodes `body` as a review's one-pass decode does (review and both objects), with `reader`;
-/// the number of entries of `request.object`, or `None` if it could not. For the benchmark.
-#[doc(hidden)]
-pub fn decode_review_with(body: &[u8], reader: JsonReader) -> Option<usize> {
-    let review: AdmissionReviewIn<'_, ReviewedObject> = match reader {
-        JsonReader::SerdeJson => serde_json::from_slice(body).ok()?,
-        JsonReader::SonicRs => sonic_rs::from_slice(body).ok()?,
-    };
+pub fn decode_review(body: &[u8]) -> Option<usize> {
+    let review: AdmissionReviewIn<'_, ReviewedObject> = serde_json::from_slice(body).ok()?;
     let object = review.request?.object?;
     Some(StorageVersion::from(object).status.storage_versions.len())
 }

@@ -388,8 +388,7 @@ fn rules(md: &mut String, dir: &Path) -> anyhow::Result<()> {
         JSON; `admission_review` the whole in-process review of the §1 body (decode both objects, \
         lease lookups in a static view, rules, response JSON; no log subscriber installed); \
         `real-review` is that with §1's second body, the review captured from kube-apiserver; \
-        `decode_review_*` the one-pass decode of the review and both objects alone, with serde_json \
-        and with sonic-rs, on each body (same binary, same run).\n")?;
+        `decode_review` the one-pass decode of the review and both objects alone, on each body.\n")?;
     writeln!(md, "| object | benchmark | median |\n|---|---|---|")?;
     let mut found = false;
     for group in ["3-entries", "60-entries", "real-review"] {
@@ -397,8 +396,7 @@ fn rules(md: &mut String, dir: &Path) -> anyhow::Result<()> {
             "rules_evaluate",
             "rules_violations",
             "decode_object",
-            "decode_review_SerdeJson",
-            "decode_review_SonicRs",
+            "decode_review",
             "admission_review",
         ] {
             let path = dir.join(group).join(bench).join("new/estimates.json");
