@@ -6,6 +6,8 @@
 //! line: when too much is buffered, logging waits. Keep the [`LogGuard`] until the process ends;
 //! dropping it writes out what is still buffered.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -50,8 +52,11 @@ pub fn init(args: &LogArgs) -> anyhow::Result<LogGuard> {
     };
     let (writer, worker) = batch::batch_writer(std::io::stderr, "log-writer")
         .map_err(|e| anyhow::anyhow!("cannot start the log writer thread: {e}"))?;
+    // Colour codes only for a person at a terminal: in a pod, stderr goes to the container log,
+    // where escape sequences are noise to every reader and log pipeline (and cost time per line).
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(writer);
     let result = match args.log_format {
         LogFormat::Text => builder.try_init(),

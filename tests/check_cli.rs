@@ -446,3 +446,29 @@ fn input_and_usage_errors() {
         ("a file is required", check(&[]), vec![Code(2)]),
     ]);
 }
+
+/// Text logs carry no terminal colour codes when stderr is not a terminal (a pod's container
+/// log, a file, a pipe): escape sequences there are noise to every reader and log pipeline.
+#[test]
+fn text_logs_to_a_pipe_have_no_colour_codes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_storageversion-webhook"))
+        .args(["--log-format", "text", "serve"])
+        .args(["--tls-cert-file", &fixture("no-such-cert.pem")])
+        .args(["--tls-key-file", &fixture("no-such-key.pem")])
+        .args(["--kubeconfig", &fixture("no-such-kubeconfig")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve without a kubeconfig fails");
+    assert!(
+        stderr.contains("ERROR") && stderr.contains("serve failed"),
+        "the failure is logged: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no escape sequences in a piped log: {stderr:?}"
+    );
+}
