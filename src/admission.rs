@@ -82,9 +82,11 @@ impl Enforcement {
     }
 }
 
-/// The AdmissionReview as read. `O` is how `object` and `oldObject` are held: decoded straight
-/// into [`ReviewedObject`]s (the fast path, one pass over the body), or as raw JSON that is
-/// decoded afterwards (when the fast path fails, so that every error says what it always said).
+/// The AdmissionReview as read. `O` is how `object` is held: decoded straight into a
+/// [`ReviewedObject`] (the fast path, one pass over the body), or as raw JSON that is decoded
+/// afterwards (when the fast path fails, so that every error says what it always said).
+/// `oldObject` is always kept as raw JSON: it is decoded only when the new object has findings
+/// (its one use is ratcheting them), so a clean write never pays for it.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct AdmissionReviewIn<'a, O> {
@@ -131,8 +133,8 @@ struct AdmissionRequest<'a, O> {
     user_info: UserInfo<'a>,
     #[serde(default = "none")]
     object: Option<O>,
-    #[serde(default = "none")]
-    old_object: Option<O>,
+    #[serde(borrow, default = "none")]
+    old_object: Option<&'a RawValue>,
 }
 
 #[derive(Serialize)]
@@ -251,7 +253,7 @@ impl Admission {
         // goes the two-pass way, which finds and reports the problem exactly as before.
         // (sonic-rs was tried for this pass and measured slower than serde_json on both benchmark
         // bodies: BENCHMARKS.md, section 2 of the 2026-12-01 run.)
-        if let Ok(review) = serde_json::from_slice::<AdmissionReviewIn<'_, ReviewedObject>>(body) {
+        if let Some(review) = decode_fast(body) {
             return self.answer(review).await;
         }
         let review: AdmissionReviewIn<'_, &RawValue> =
@@ -305,7 +307,14 @@ impl Admission {
             }
             Outcome::allowed("ignored", &mut no_findings)
         } else {
-            match decode_objects(req.object.take(), req.old_object.take(), &req.operation) {
+            let judged = match decode_object(req.object.take()) {
+                Ok(new) => self
+                    .judge(&new, req.old_object.take(), &req.operation)
+                    .await
+                    .map(|evaluation| (new, evaluation)),
+                Err(message) => Err(message),
+            };
+            match judged {
                 Err(message) => Outcome {
                     verdict: "error",
                     allowed: false,
@@ -320,8 +329,8 @@ impl Admission {
                     codes: Vec::new(),
                     findings: &[],
                 },
-                Ok((new, old)) => {
-                    evaluation = self.evaluate(&new, old.as_ref()).await;
+                Ok((new, judged)) => {
+                    evaluation = judged;
                     self.outcome(&new, &evaluation)
                 }
             }
@@ -343,11 +352,35 @@ impl Admission {
         serde_json::to_vec(&out).map_err(|e| BadReview::NotAdmissionReview(e.to_string()))
     }
 
-    /// Looks up the leases the rules need and runs them. At most
-    /// [`ReviewLimits::max_lease_lookups`] leases are looked up; the other IDs are
-    /// `lease-lookup-failed` (a warning, never a denial).
-    pub async fn evaluate(&self, new: &StorageVersion, old: Option<&StorageVersion>) -> Evaluation {
-        let ids = rules::lease_ids(new, old);
+    /// Looks up the leases the rules need and runs them on `new`. The old object (UPDATE only)
+    /// is decoded only if `new` has findings: ratcheting is its one use, and it can only soften
+    /// a finding, never add one, so a write without findings is judged the same without it. An
+    /// unreadable old object is an error only then.
+    async fn judge(
+        &self,
+        new: &StorageVersion,
+        old: Option<&RawValue>,
+        operation: &str,
+    ) -> Result<Evaluation, String> {
+        let facts = self.lease_facts(new).await;
+        let opts = RuleOptions {
+            now: Timestamp::now(),
+            lease_skew_allowance: self.lease_skew_allowance,
+        };
+        let evaluation = rules::evaluate(new, None, &facts, &opts);
+        match old {
+            Some(old) if operation == "UPDATE" && !evaluation.findings.is_empty() => {
+                let old = old.into_storage_version("oldObject")?;
+                Ok(rules::evaluate(new, Some(&old), &facts, &opts))
+            }
+            _ => Ok(evaluation),
+        }
+    }
+
+    /// Looks up the leases the rules need. At most [`ReviewLimits::max_lease_lookups`] leases
+    /// are looked up; the other IDs are `lease-lookup-failed` (a warning, never a denial).
+    async fn lease_facts(&self, new: &StorageVersion) -> LeaseFacts {
+        let ids = rules::lease_ids(new, None);
         let cap = self.limits.max_lease_lookups.min(ids.len());
         let (looked_up, skipped) = ids.split_at(cap);
         let lookups = self.lookup_all(looked_up).await;
@@ -379,11 +412,7 @@ impl Admission {
                 facts.insert((*id).to_string(), LeaseLookup::Failed(why.clone()));
             }
         }
-        let opts = RuleOptions {
-            now: Timestamp::now(),
-            lease_skew_allowance: self.lease_skew_allowance,
-        };
-        rules::evaluate(new, old, &facts, &opts)
+        facts
     }
 
     /// Looks up every lease at once. Lookups answered from the lease view's cache are ready on
@@ -394,6 +423,10 @@ impl Admission {
         let mut pending = Vec::new();
         let mut done: Vec<Option<LeaseLookup>> = Vec::with_capacity(ids.len());
         for (i, id) in ids.iter().enumerate() {
+            if let Some(found) = self.leases.cached(id) {
+                done.push(Some(found));
+                continue;
+            }
             let mut lookup = self.leases.lookup(id);
             match (&mut lookup).now_or_never() {
                 Some(found) => done.push(Some(found)),
@@ -583,11 +616,20 @@ impl From<ReviewedObject> for StorageVersion {
     }
 }
 
+/// The one-pass decode of the review and both objects, or `None` if the body is not valid UTF-8
+/// or that pass cannot read it. The body is checked as UTF-8 once, as a whole, and then read as
+/// text, so the reader does not validate each string again (that was about an eighth of the
+/// decode).
+fn decode_fast(body: &[u8]) -> Option<AdmissionReviewIn<'_, ReviewedObject>> {
+    let text = std::str::from_utf8(body).ok()?;
+    serde_json::from_str(text).ok()
+}
+
 /// Decodes `body` as a review's one-pass decode does (review and both objects); the number of
 /// entries of `request.object`, or `None` if it could not. For the benchmark.
 #[doc(hidden)]
 pub fn decode_review(body: &[u8]) -> Option<usize> {
-    let review: AdmissionReviewIn<'_, ReviewedObject> = serde_json::from_slice(body).ok()?;
+    let review = decode_fast(body)?;
     let object = review.request?.object?;
     Some(StorageVersion::from(object).status.storage_versions.len())
 }
@@ -611,22 +653,13 @@ impl ReviewObject for &RawValue {
     }
 }
 
-fn decode_objects<O: ReviewObject>(
-    object: Option<O>,
-    old_object: Option<O>,
-    operation: &str,
-) -> Result<(StorageVersion, Option<StorageVersion>), String> {
+fn decode_object<O: ReviewObject>(object: Option<O>) -> Result<StorageVersion, String> {
     let Some(object) = object else {
         return Err(
             "request.object is missing: cannot judge a StorageVersion write without it".into(),
         );
     };
-    let new = object.into_storage_version("object")?;
-    let old = match old_object {
-        Some(old) if operation == "UPDATE" => Some(old.into_storage_version("oldObject")?),
-        _ => None,
-    };
-    Ok((new, old))
+    object.into_storage_version("object")
 }
 
 /// Longest text of one finding in a response, in bytes: a finding's message can quote a value

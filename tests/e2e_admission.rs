@@ -105,7 +105,7 @@ async fn synced_lease_view(
 /// Waits up to 10 s until `view` holds `id` (`want`) or does not.
 async fn wait_cached(view: &KubeLeaseView, id: &str, want: bool, what: &str) {
     poll_until(Duration::from_secs(10), what, || async {
-        view.cached(id).is_some() == want
+        view.cached_record(id).is_some() == want
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -475,7 +475,10 @@ async fn lease_view_follows_the_cluster() {
     let (_serial, cp) = up_at(None).await;
     let (_registry, view) = synced_lease_view(&cp).await;
     let own = own_apiserver_id(&cp).await;
-    assert!(view.cached(&own).is_some(), "the initial list missed {own}");
+    assert!(
+        view.cached_record(&own).is_some(),
+        "the initial list missed {own}"
+    );
 
     let id = "apiserver-e2eview000000000000000";
     let leases = leases(&cp);
@@ -490,7 +493,7 @@ async fn lease_view_follows_the_cluster() {
     create_lease(&cp, &old).await;
     wait_cached(&view, id, true, "re-created lease in view").await;
     let before = view
-        .cached(id)
+        .cached_record(id)
         .and_then(|r| r.renew_time)
         .expect("renew time");
     let mut lease = leases.get(id).await.expect("get");
@@ -500,7 +503,7 @@ async fn lease_view_follows_the_cluster() {
         .await
         .expect("renew");
     poll_until(Duration::from_secs(10), "renewal in view", || async {
-        view.cached(id)
+        view.cached_record(id)
             .and_then(|r| r.renew_time)
             .is_some_and(|t| t > before)
     })

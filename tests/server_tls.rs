@@ -456,6 +456,63 @@ async fn denies_a_bad_write_listing_codes_and_paths() {
     assert!(message.contains("status.storageVersions[1]"), "{message}");
 }
 
+/// `oldObject` is read only to ratchet findings of the new object: a clean write is allowed
+/// without decoding it (an unreadable one included), a write with findings still gets the old
+/// object's ratchet, and an unreadable old object is an error only when it is needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_object_is_read_only_when_the_new_one_has_findings() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let unreadable = json!({"status": {"storageVersions": "not a list"}});
+    let send = |uid: &'static str, object: Value, old: Value| {
+        let body = review(
+            uid,
+            "internal.apiserver.k8s.io",
+            "storageversions",
+            object,
+            Some(old),
+        );
+        let h = &h;
+        async move {
+            let reply = h.validate(body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{uid}: {}", reply.text());
+            let v = reply.json();
+            assert_eq!(v["response"]["uid"], uid, "{v}");
+            v
+        }
+    };
+
+    let clean = send(
+        "uid-clean-old-unreadable",
+        valid_object(),
+        unreadable.clone(),
+    )
+    .await;
+    assert_eq!(clean["response"]["allowed"], true, "{clean}");
+    assert!(clean["response"]["warnings"].is_null(), "{clean}");
+
+    // The same bad entry before and after: ratcheted to warnings, so the old object was read.
+    let ratcheted = send("uid-ratcheted", bad_object(), bad_object()).await;
+    assert_eq!(ratcheted["response"]["allowed"], true, "{ratcheted}");
+    assert!(
+        ratcheted["response"]["warnings"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty()),
+        "{ratcheted}"
+    );
+
+    let needed = send("uid-bad-old-unreadable", bad_object(), unreadable).await;
+    let resp = &needed["response"];
+    assert_eq!(resp["allowed"], false, "{needed}");
+    assert_eq!(resp["status"]["code"], 400, "{needed}");
+    assert!(
+        resp["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("request.oldObject is not a readable StorageVersion")),
+        "{needed}"
+    );
+    h.shutdown().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warn_mode_allows_with_warnings() {
     let h = Harness::start(|c, _, _| c.enforcement = Enforcement::Warn).await;

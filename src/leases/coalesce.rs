@@ -108,6 +108,11 @@ impl LeaseView for Coalescing {
             found
         })
     }
+
+    /// A cache hit needs no sharing: the inner view's.
+    fn cached(&self, id: &str) -> Option<LeaseLookup> {
+        self.inner.cached(id)
+    }
 }
 
 #[cfg(test)]

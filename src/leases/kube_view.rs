@@ -22,6 +22,8 @@ pub const LIVE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct KubeLeaseView {
     store: LeaseStore,
     metrics: Metrics,
+    /// `lease_lookups{result="cache_hit"}`, resolved once: the hot path skips the label lookup.
+    cache_hits: prometheus_client::metrics::counter::Counter,
     max_staleness: Duration,
 }
 
@@ -35,8 +37,15 @@ impl KubeLeaseView {
     /// A view on `store` (the process's one identity-lease watch); keeps the lease-view gauges
     /// current in the background.
     pub fn on_store(store: LeaseStore, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
+        let cache_hits = metrics
+            .lease_lookups
+            .get_or_create(&ResultLabels {
+                result: "cache_hit",
+            })
+            .clone();
         let view = Arc::new(KubeLeaseView {
             store,
+            cache_hits,
             metrics,
             max_staleness,
         });
@@ -60,7 +69,7 @@ impl KubeLeaseView {
     }
 
     /// The cached lease `id`, once the view has synced. No API call.
-    pub fn cached(&self, id: &str) -> Option<LeaseRecord> {
+    pub fn cached_record(&self, id: &str) -> Option<LeaseRecord> {
         self.store.get(id)
     }
 
@@ -91,24 +100,22 @@ impl KubeLeaseView {
 impl LeaseView for KubeLeaseView {
     fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup> {
         Box::pin(async move {
-            if !could_be_lease_name(id) {
-                // No lease can have this name; don't put it in a URL.
-                return LeaseLookup::NotFound;
-            }
-            match self.cached(id) {
-                Some(record) if looks_live(&record) => {
-                    self.metrics
-                        .lease_lookups
-                        .get_or_create(&ResultLabels {
-                            result: "cache_hit",
-                        })
-                        .inc();
-                    LeaseLookup::Found(record)
-                }
+            match LeaseView::cached(self, id) {
+                Some(answer) => answer,
                 // A miss, or a cached lease that looks dead: ask the API server before judging.
-                _ => self.live(id).await,
+                None => self.live(id).await,
             }
         })
+    }
+
+    fn cached(&self, id: &str) -> Option<LeaseLookup> {
+        if !could_be_lease_name(id) {
+            // No lease can have this name; don't put it in a URL.
+            return Some(LeaseLookup::NotFound);
+        }
+        let record = self.store.get(id).filter(looks_live)?;
+        self.cache_hits.inc();
+        Some(LeaseLookup::Found(record))
     }
 }
 
