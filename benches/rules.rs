@@ -10,15 +10,13 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::jiff::Timestamp;
 use prometheus_client::registry::Registry;
-use storageversion_webhook::admission::{decode_review, Admission, Enforcement, ReviewLimits};
-use storageversion_webhook::leases::coalesce::Coalescing;
-use storageversion_webhook::leases::{LeaseView, StaticLeases};
+use storageversion_webhook::admission::{decode_review, Admission, Enforcement};
+use storageversion_webhook::leases::StaticLeases;
 use storageversion_webhook::metrics::Metrics;
 use storageversion_webhook::model::{
     LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LABEL_VALUE,
 };
 use storageversion_webhook::rules::{self, LeaseFacts, RuleOptions};
-use storageversion_webhook::server::conns::ConnLimit;
 
 use svw_testkit::fixtures;
 
@@ -121,60 +119,6 @@ fn bench(c: &mut Criterion) {
     }
     let mut g = c.benchmark_group("real-review");
     bench_review(&mut g, &real);
-    g.finish();
-
-    bench_bounds(c);
-}
-
-/// What issue 13's bounds cost a review, in isolation (end to end, the difference is far below
-/// the run-to-run spread of the loopback benchmark): the whole review of the 3-entry body as
-/// `serve` runs it (lease view behind `Coalescing`, default `ReviewLimits`) against the same
-/// without them (the lease view itself, no caps); and the per-request guard of the connection
-/// limit (a request marked in progress on its connection, then done).
-fn bench_bounds(c: &mut Criterion) {
-    let ids = fixtures::apiserver_ids(3);
-    let body = case("3-entries", 3).body;
-    let admission = |bounded: bool| {
-        let leases = Arc::new(StaticLeases::new(ids.iter().map(|id| live_record(id))));
-        let view: Arc<dyn LeaseView> = if bounded {
-            Arc::new(Coalescing::new(leases))
-        } else {
-            leases
-        };
-        let mut registry = Registry::default();
-        let admission = Admission::new(
-            view,
-            Enforcement::Deny,
-            Duration::from_secs(30),
-            Metrics::register(&mut registry),
-        );
-        if bounded {
-            admission
-        } else {
-            admission.with_limits(ReviewLimits {
-                max_lease_lookups: usize::MAX,
-                max_findings: usize::MAX,
-            })
-        }
-    };
-    let mut g = c.benchmark_group("bounds");
-    for (name, admission) in [
-        ("review_bounded", admission(true)),
-        ("review_unbounded", admission(false)),
-    ] {
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                let out = futures::executor::block_on(admission.review(black_box(&body)));
-                assert!(out.is_ok());
-                out
-            })
-        });
-    }
-    let limit = ConnLimit::new(1);
-    let slot = futures::executor::block_on(limit.acquire());
-    g.bench_function("request_guard", |b| {
-        b.iter(|| drop(black_box(slot.state.begin_request())))
-    });
     g.finish();
 }
 

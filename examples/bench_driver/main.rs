@@ -9,10 +9,12 @@
 //!   alternating blocks.
 //! - `gc-reset`, `gc-time`, `wait-metric`: the garbage-collection race.
 //! - `startup`: time from start to `/readyz` ok, and resident memory.
+//! - `bounds-cost`: what issue 13's bounds cost a review, in process (paired, alternating).
 //! - `report`: the Markdown report from the result files.
 //!
 //! Each measuring subcommand appends one JSON object per result line to `--out`.
 
+mod bounds;
 mod capture;
 mod cluster;
 mod load;
@@ -75,6 +77,8 @@ enum Command {
     Populate(cluster::PopulateArgs),
     /// Start `serve` repeatedly; time to /readyz and resident memory.
     Startup(startup::StartupArgs),
+    /// What the bounds cost a review, in process: with against without, alternating.
+    BoundsCost(bounds::BoundsArgs),
     /// Write the Markdown report from a results directory.
     Report(report::ReportArgs),
     /// Print N free loopback TCP ports, one per line.
@@ -112,6 +116,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Populate(args) => runtime().and_then(|rt| rt.block_on(cluster::populate(&args))),
         Command::Startup(args) => runtime().and_then(|rt| rt.block_on(startup::run(&args))),
+        Command::BoundsCost(args) => bounds::run(&args),
         Command::Report(args) => report::run(&args),
         Command::FreePorts { n } => free_ports(n),
     };

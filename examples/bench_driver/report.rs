@@ -139,6 +139,12 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<()> {
         &lines(&args.dir.join("admission.jsonl")),
     )?;
     rules(&mut md, &args.criterion)?;
+    bounds(
+        &mut md,
+        &mut goals,
+        &lines(&args.dir.join("bounds.jsonl")),
+        &lines(&args.dir.join("admission.jsonl")),
+    )?;
     writes(&mut md, &mut goals, &lines(&args.dir.join("writes.jsonl")))?;
     gc(
         &mut md,
@@ -413,6 +419,79 @@ fn rules(md: &mut String, dir: &Path) -> anyhow::Result<()> {
     }
     if !found {
         writeln!(md, "| – | no criterion results | – |")?;
+    }
+    writeln!(md)?;
+    Ok(())
+}
+
+/// Goal 1: the bounds of issue 13 cost at most this share of a review's server CPU.
+const BOUNDS_GOAL_PCT: f64 = 2.0;
+
+/// The bounds' cost (`bench_driver bounds-cost`): per body, what the bounds add to the
+/// in-process review plus the per-request guard, as a share of validate's server CPU per request
+/// in section 1 (pinned, 16 connections, median).
+fn bounds(
+    md: &mut String,
+    goals: &mut Goals,
+    rows: &[Value],
+    admission: &[Value],
+) -> anyhow::Result<()> {
+    if !heading(md, "### What the bounds cost (in process)", rows)? {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "`bench_driver bounds-cost` (`examples/bench_driver/bounds.rs`): the in-process \
+        review of each §1 body as `serve` runs it (lease view behind the coalescing wrapper, the \
+        default lookup and findings caps) against the same review without them, alternating in \
+        slices of 500 reviews, median of the paired differences; and the per-request guard of the \
+        connection limit. The loopback runs of §1 vary by far more than 2% from run to run, so the \
+        cost is measured here and set against validate's server CPU per request in §1 (pinned, \
+        16 connections).\n"
+    )?;
+    writeln!(md, "| body | with bounds | without | added per review | + request guard | share of validate's server CPU |\n|---|---|---|---|---|---|")?;
+    let guard = rows
+        .iter()
+        .find(|r| s(r, "body") == "request_guard")
+        .map_or(f64::NAN, |r| f(r, "extra_ns"));
+    for (body, endpoint, _) in BODIES {
+        let Some(r) = rows.iter().find(|r| s(r, "body") == body) else {
+            continue;
+        };
+        let server_us = median(
+            admission
+                .iter()
+                .filter(|a| {
+                    s(a, "mode") == "pinned"
+                        && s(a, "conc") == "16"
+                        && s(a, "rate").is_empty()
+                        && s(a, "endpoint") == endpoint
+                })
+                .map(|a| f(a, "server_cpu_us_per_req"))
+                .collect(),
+        );
+        let extra = f(r, "extra_ns").max(0.0) + guard;
+        let pct = 100.0 * extra / (server_us * 1000.0);
+        let share = if pct.is_finite() {
+            format!("{pct:.2}% of {server_us:.1} µs")
+        } else {
+            "– (no §1 run)".to_string()
+        };
+        writeln!(
+            md,
+            "| {body} | {:.2} µs | {:.2} µs | {:.0} ns | {guard:.0} ns | {share} |",
+            f(r, "bounded_ns") / 1000.0,
+            f(r, "unbounded_ns") / 1000.0,
+            f(r, "extra_ns"),
+        )?;
+        if !pct.is_finite() {
+            continue;
+        }
+        goals.push((
+            format!("1. the bounds cost ≤ {BOUNDS_GOAL_PCT}% ({body} body; in process, set against validate's server CPU per request)"),
+            format!("{pct:.2}% ({extra:.0} ns of {server_us:.1} µs)"),
+            pct <= BOUNDS_GOAL_PCT,
+        ));
     }
     writeln!(md)?;
     Ok(())
