@@ -3,8 +3,8 @@
 //!
 //! [`Coalescing`] wraps any [`LeaseView`]. A lookup for an ID with a live lookup already in
 //! flight waits for that one's answer; otherwise it asks the inner view, and if that does not
-//! answer at once (a cache miss: a live GET starts), it lets later callers join it. Lookups the
-//! inner view answers at once (cache hits) cost one lock of an empty map and no allocation. At
+//! answer at once (a cache miss: a live GET starts), it lets later callers join it. Cache hits
+//! ([`LeaseView::cached`]) go straight to the inner view and never touch the map. At
 //! most [`MAX_IN_FLIGHT`] distinct IDs are tracked; past that, lookups are not shared, so a flood
 //! of distinct IDs costs no memory here. If the caller driving a shared lookup gives up (its
 //! review was cancelled), the ones waiting on it look up for themselves.
