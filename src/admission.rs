@@ -616,16 +616,18 @@ impl From<ReviewedObject> for StorageVersion {
     }
 }
 
-/// The one-pass decode of the review and both objects, or `None` if the body is not valid UTF-8
-/// or that pass cannot read it. The body is checked as UTF-8 once, as a whole, and then read as
-/// text, so the reader does not validate each string again (that was about an eighth of the
-/// decode).
+/// The one-pass decode of the review and its object (`oldObject` kept raw), or `None` if that
+/// pass cannot read it. A body that is valid UTF-8 as a whole (every body kube-apiserver sends)
+/// is checked once and then read as text, so the reader does not validate each string again
+/// (about a sixth of the decode); any other body is read as bytes, as before.
 fn decode_fast(body: &[u8]) -> Option<AdmissionReviewIn<'_, ReviewedObject>> {
-    let text = std::str::from_utf8(body).ok()?;
-    serde_json::from_str(text).ok()
+    match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text).ok(),
+        Err(_) => serde_json::from_slice(body).ok(),
+    }
 }
 
-/// Decodes `body` as a review's one-pass decode does (review and both objects); the number of
+/// Decodes `body` as a review's one-pass decode does (the review and its object); the number of
 /// entries of `request.object`, or `None` if it could not. For the benchmark.
 #[doc(hidden)]
 pub fn decode_review(body: &[u8]) -> Option<usize> {

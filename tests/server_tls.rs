@@ -513,6 +513,29 @@ async fn the_old_object_is_read_only_when_the_new_one_has_findings() {
     h.shutdown().await.expect("clean shutdown");
 }
 
+/// A body that is not valid UTF-8 as a whole (here inside a field the webhook ignores) is still
+/// judged: only the strings it reads must be UTF-8, as with any JSON reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_utf8_in_an_ignored_field_is_still_judged() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let body = sv_review("uid-bytes", valid_object());
+    let marker = br#""dryRun":false"#;
+    let at = body
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("the review has dryRun");
+    let mut odd = body[..at].to_vec();
+    odd.extend_from_slice(b"\"note\":\"\xff\xfe\",");
+    odd.extend_from_slice(&body[at..]);
+    assert!(std::str::from_utf8(&odd).is_err());
+    let reply = h.validate(odd).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let v = reply.json();
+    assert_eq!(v["response"]["uid"], "uid-bytes", "{v}");
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    h.shutdown().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warn_mode_allows_with_warnings() {
     let h = Harness::start(|c, _, _| c.enforcement = Enforcement::Warn).await;
