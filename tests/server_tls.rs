@@ -668,6 +668,102 @@ async fn oversized_bodies_get_413_with_content_length_and_chunked() {
     assert_eq!(reply.json()["response"]["uid"], "uid-chunked");
 }
 
+/// Bodies larger than 64 KiB share one budget across connections: while a slow client holds a
+/// large body's reservation, another large body gets 503 at once (declared length or streamed),
+/// a real review (a few KiB) is still judged, and the budget frees when the slow client goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_share_one_budget_and_never_block_a_real_review() {
+    const LARGE: usize = 200 * 1024;
+    let h = Harness::start(|c, _, _| {
+        c.max_request_bytes = 256 * 1024;
+        c.large_body_budget_bytes = 256 * 1024;
+    })
+    .await;
+    let client = h.client();
+
+    // A slow client: headers of a 200 KiB body, then 1 KiB of it, then nothing.
+    let config = Arc::new(client_config(&h.ca, None, &[]));
+    let (mut slow, _) = connect(h.admission, config).await.expect("connect");
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {LARGE}\r\n\r\n"
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut slow, head.as_bytes())
+        .await
+        .expect("write head");
+    tokio::io::AsyncWriteExt::write_all(&mut slow, &[b' '; 1024])
+        .await
+        .expect("write some body");
+
+    let large = |chunked: bool| {
+        let body = if chunked {
+            let chunks: Vec<Result<Frame<Bytes>, Infallible>> = (0..LARGE / (16 * 1024))
+                .map(|_| Ok(Frame::data(Bytes::from(vec![b' '; 16 * 1024]))))
+                .collect();
+            StreamBody::new(futures::stream::iter(chunks)).boxed()
+        } else {
+            full(vec![b' '; LARGE])
+        };
+        Request::post(h.url("/validate"))
+            .body(body)
+            .expect("request")
+    };
+    // Until the server has read the slow client's head, a large body may still fit.
+    eventually("a second large body to get 503", || {
+        let req = large(false);
+        let client = client.clone();
+        async move {
+            send(&client, req).await.expect("large body").status == StatusCode::SERVICE_UNAVAILABLE
+        }
+    })
+    .await;
+    let busy = send(&client, large(false)).await.expect("large body");
+    assert_eq!(
+        busy.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        busy.text()
+    );
+    assert_eq!(
+        busy.headers.get(header::RETRY_AFTER).map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    assert!(busy.text().contains("retry"), "{}", busy.text());
+    let streamed = send(&client, large(true))
+        .await
+        .expect("streamed large body");
+    assert_eq!(
+        streamed.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        streamed.text()
+    );
+
+    let v = judged(&h, "uid-small-while-large-held", valid_object()).await;
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    let metrics = admin_get(h.admin, "/metrics").await.text();
+    assert!(
+        metric_value(
+            &metrics,
+            "storageversion_webhook_admission_http_errors_total{result=\"large_body_budget\"}"
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{metrics}"
+    );
+
+    // The slow client leaves: its reservation is freed, and a large body is read again (it is
+    // not JSON: 400).
+    drop(slow);
+    eventually("the budget to free", || {
+        let req = large(false);
+        let client = client.clone();
+        async move {
+            send(&client, req).await.expect("large body").status == StatusCode::BAD_REQUEST
+        }
+    })
+    .await;
+    h.shutdown().await.expect("clean shutdown");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_limit_is_3_mib() {
     let h = Harness::start(|_, _, _| {}).await;

@@ -9,6 +9,8 @@ use crate::duration::{parse_duration, parse_positive_duration};
 
 /// The apiserver's own request body limit.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 * 1024 * 1024;
+/// Default of `--large-body-budget-bytes`: 32 MiB, ten bodies at that limit.
+pub const DEFAULT_LARGE_BODY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
 /// Default of `--max-connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Default of `--admin-max-connections`.
@@ -54,6 +56,13 @@ pub struct ServeArgs {
     #[arg(long, env = "SVW_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES,
           value_parser = parse_max_bytes)]
     pub max_request_bytes: usize,
+
+    /// Bytes of request bodies larger than 64 KiB held at once across all connections; a large
+    /// body that does not fit gets 503 (Retry-After: 1) at once. Every review kube-apiserver sends
+    /// for a StorageVersion is a few KiB and never counts. Never less than --max-request-bytes.
+    #[arg(long, env = "SVW_LARGE_BODY_BUDGET_BYTES", default_value_t = DEFAULT_LARGE_BODY_BUDGET_BYTES,
+          value_parser = parse_max_bytes)]
+    pub large_body_budget_bytes: usize,
 
     /// Longest wait for a request's headers (HTTP/1.1), so a slow client cannot hold a
     /// connection forever. hyper also applies it to an idle keep-alive connection waiting for its
@@ -140,6 +149,7 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     pub tls: TlsSettings,
     pub max_request_bytes: usize,
+    pub large_body_budget_bytes: usize,
     pub header_read_timeout: Duration,
     pub max_connections: usize,
     pub idle_timeout: Duration,
@@ -185,6 +195,7 @@ impl From<&ServeArgs> for ServerConfig {
                 handshake_timeout: a.tls_handshake_timeout,
             },
             max_request_bytes: a.max_request_bytes,
+            large_body_budget_bytes: a.large_body_budget_bytes,
             header_read_timeout: a.header_read_timeout,
             max_connections: a.max_connections,
             idle_timeout: a.idle_timeout,

@@ -101,8 +101,12 @@ impl Server {
             deps.metrics.clone(),
         )
         .with_limits(config.review_limits);
-        let validate =
-            validate::ValidateService::new(review, deps.metrics, config.max_request_bytes);
+        let validate = validate::ValidateService::new(
+            review,
+            deps.metrics,
+            config.max_request_bytes,
+            config.large_body_budget_bytes,
+        );
         let admin_router = admin::router(Arc::clone(&health), deps.registry);
         Ok(Server {
             config,

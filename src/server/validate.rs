@@ -3,6 +3,12 @@
 //! route). `/validate` with another method gets 405 with `Allow: POST`; any other path 404.
 //!
 //! Nothing here may panic on input: every malformed request gets a 4xx with a message.
+//!
+//! Memory for request bodies is bounded across connections, not only per request: a body larger
+//! than [`SMALL_BODY_BYTES`] is held only while it fits in the large-body budget
+//! (`--large-body-budget-bytes`), else it gets 503 at once. Every review kube-apiserver sends for
+//! a StorageVersion is a few KiB, so the budget never touches one; it stops many slow clients with
+//! near-limit bodies from holding connections × `--max-request-bytes` of memory.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Bytes};
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admission::Admission;
 use crate::metrics::{Metrics, ResultLabels};
@@ -30,17 +37,33 @@ struct Validate {
     admission: Admission,
     metrics: Metrics,
     max_request_bytes: usize,
+    /// Bytes of bodies larger than [`SMALL_BODY_BYTES`] that may be held at once.
+    large_bodies: Arc<Semaphore>,
 }
+
+/// Bodies up to this size never count against the large-body budget.
+pub const SMALL_BODY_BYTES: usize = 64 * 1024;
 
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 
 impl ValidateService {
-    pub fn new(admission: Admission, metrics: Metrics, max_request_bytes: usize) -> Self {
+    /// `large_body_budget` is raised to `max_request_bytes` if lower, so that one body of the
+    /// largest accepted size always fits.
+    pub fn new(
+        admission: Admission,
+        metrics: Metrics,
+        max_request_bytes: usize,
+        large_body_budget: usize,
+    ) -> Self {
+        let budget = large_body_budget
+            .max(max_request_bytes)
+            .min(Semaphore::MAX_PERMITS);
         ValidateService(Arc::new(Validate {
             admission,
             metrics,
             max_request_bytes,
+            large_bodies: Arc::new(Semaphore::new(budget)),
         }))
     }
 
@@ -58,15 +81,20 @@ impl ValidateService {
             return v.method_not_allowed(req.method());
         }
         // Most bodies have arrived with their headers: read them without arming a timer.
-        let mut read = std::pin::pin!(read_body(req, v.max_request_bytes));
+        let budget = BodyBudget {
+            budget: &v.large_bodies,
+            held: None,
+        };
+        let mut read = std::pin::pin!(read_body(req, v.max_request_bytes, budget));
         let read = match read.as_mut().now_or_never() {
             Some(done) => done,
             None => tokio::time::timeout(BODY_READ_TIMEOUT, read)
                 .await
                 .unwrap_or(Err(Rejected::TimedOut)),
         };
-        let body = match read {
-            Ok(body) => body,
+        // The reservation (if the body is large) lives until the review is answered.
+        let (body, _reserved) = match read {
+            Ok(read) => read,
             Err(rejected) => {
                 v.metrics
                     .http_errors
@@ -130,6 +158,8 @@ enum Rejected {
     TooLarge,
     Unreadable(String),
     TimedOut,
+    /// A large body that does not fit in the large-body budget now.
+    Busy,
 }
 
 impl Rejected {
@@ -138,6 +168,7 @@ impl Rejected {
             Rejected::TooLarge => "too_large",
             Rejected::Unreadable(_) => "body_unreadable",
             Rejected::TimedOut => "body_timeout",
+            Rejected::Busy => "large_body_budget",
         }
     }
 
@@ -158,6 +189,19 @@ impl Rejected {
                     BODY_READ_TIMEOUT.as_secs()
                 ),
             ),
+            Rejected::Busy => {
+                let mut response = respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some(TEXT),
+                    Bytes::from(format!(
+                        "too many request bodies larger than {SMALL_BODY_BYTES} bytes are in progress; retry later\n"
+                    )),
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return response;
+            }
         };
         respond(status, Some(TEXT), Bytes::from(message))
     }
@@ -170,10 +214,49 @@ const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest time spent discarding the rest of an oversized body.
 const DRAIN_TIME: Duration = Duration::from_secs(5);
 
+/// The large-body budget as one request holds it.
+struct BodyBudget<'a> {
+    budget: &'a Arc<Semaphore>,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl BodyBudget<'_> {
+    /// Makes sure `bytes` are reserved (nothing is needed up to [`SMALL_BODY_BYTES`]); false when
+    /// they do not fit now. Never waits: a request that cannot have its body held is answered.
+    fn cover(&mut self, bytes: usize) -> bool {
+        if bytes <= SMALL_BODY_BYTES {
+            return true;
+        }
+        let have = self.held.as_ref().map_or(0, |p| p.num_permits());
+        if bytes <= have {
+            return true;
+        }
+        let Ok(more) = u32::try_from(bytes - have) else {
+            return false;
+        };
+        match Arc::clone(self.budget).try_acquire_many_owned(more) {
+            Ok(permit) => {
+                match &mut self.held {
+                    Some(held) => held.merge(permit),
+                    None => self.held = Some(permit),
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
 /// Reads the whole body, refusing more than `limit` bytes: at once when Content-Length says so,
-/// else as soon as the streamed (e.g. chunked) body passes the limit. A body that arrives in one
-/// chunk is not copied.
-async fn read_body<B>(req: Request<B>, limit: usize) -> Result<Bytes, Rejected>
+/// else as soon as the streamed (e.g. chunked) body passes the limit. A body larger than
+/// [`SMALL_BODY_BYTES`] must fit in `budget` (all of a declared length up front, a streamed one
+/// as it grows), else it is refused as [`Rejected::Busy`]. A body that arrives in one chunk is
+/// not copied. Returns the body and its reservation, if it needed one.
+async fn read_body<B>(
+    req: Request<B>,
+    limit: usize,
+    mut budget: BodyBudget<'_>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Rejected>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
@@ -193,6 +276,13 @@ where
             }
             return Err(Rejected::TooLarge);
         }
+        // Within the limit, so it fits in usize.
+        if !budget.cover(usize::try_from(n).unwrap_or(usize::MAX)) {
+            if !waits_to_send {
+                drain(&mut body, limit).await;
+            }
+            return Err(Rejected::Busy);
+        }
     }
     let mut first: Option<Bytes> = None;
     let mut joined: Vec<u8> = Vec::new();
@@ -208,6 +298,13 @@ where
             drain(&mut body, limit).await;
             return Err(Rejected::TooLarge);
         }
+        // A streamed body reserves as it grows, in steps of SMALL_BODY_BYTES (a declared length
+        // was reserved whole above).
+        if declared.is_none() && !budget.cover(total.next_multiple_of(SMALL_BODY_BYTES).min(limit))
+        {
+            drain(&mut body, limit).await;
+            return Err(Rejected::Busy);
+        }
         match first.take() {
             None if joined.is_empty() => first = Some(chunk),
             prev => {
@@ -220,10 +317,11 @@ where
             }
         }
     }
-    Ok(match first {
+    let body = match first {
         Some(only) => only,
         None => Bytes::from(joined),
-    })
+    };
+    Ok((body, budget.held))
 }
 
 /// Reads and discards what the client is still sending of an oversized body (at most `budget`
