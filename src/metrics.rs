@@ -126,7 +126,7 @@ impl Metrics {
         );
         r.register(
             "admission_http_errors",
-            "Requests to /validate rejected before review (bad method, too large, bad body)",
+            "Requests to /validate refused before or instead of review (method_not_allowed, too_large, body_unreadable, body_timeout, large_body_budget, not_json, not_admission_review)",
             m.http_errors.clone(),
         );
         r.register(

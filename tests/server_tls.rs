@@ -707,14 +707,21 @@ async fn large_bodies_share_one_budget_and_never_block_a_real_review() {
             .body(body)
             .expect("request")
     };
+    // Waits until a large body with a declared length is answered `want`.
+    let (client_ref, large_ref) = (&client, &large);
+    let until_large_gets = |want: StatusCode, what: &'static str| {
+        let (client, large) = (client_ref, large_ref);
+        eventually(what, move || {
+            let req = large(false);
+            let client = client.clone();
+            async move { send(&client, req).await.expect("large body").status == want }
+        })
+    };
     // Until the server has read the slow client's head, a large body may still fit.
-    eventually("a second large body to get 503", || {
-        let req = large(false);
-        let client = client.clone();
-        async move {
-            send(&client, req).await.expect("large body").status == StatusCode::SERVICE_UNAVAILABLE
-        }
-    })
+    until_large_gets(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a second large body to get 503",
+    )
     .await;
     let busy = send(&client, large(false)).await.expect("large body");
     assert_eq!(
@@ -753,14 +760,7 @@ async fn large_bodies_share_one_budget_and_never_block_a_real_review() {
     // The slow client leaves: its reservation is freed, and a large body is read again (it is
     // not JSON: 400).
     drop(slow);
-    eventually("the budget to free", || {
-        let req = large(false);
-        let client = client.clone();
-        async move {
-            send(&client, req).await.expect("large body").status == StatusCode::BAD_REQUEST
-        }
-    })
-    .await;
+    until_large_gets(StatusCode::BAD_REQUEST, "the budget to free").await;
     h.shutdown().await.expect("clean shutdown");
 }
 

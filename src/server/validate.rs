@@ -78,7 +78,7 @@ impl ValidateService {
             return respond(StatusCode::NOT_FOUND, None, Bytes::new());
         }
         if req.method() != Method::POST {
-            return v.method_not_allowed(req.method());
+            return v.reject(Rejected::MethodNotAllowed(req.method().clone()));
         }
         // Most bodies have arrived with their headers: read them without arming a timer.
         let budget = BodyBudget {
@@ -95,15 +95,7 @@ impl ValidateService {
         // The reservation (if the body is large) lives until the review is answered.
         let (body, _reserved) = match read {
             Ok(read) => read,
-            Err(rejected) => {
-                v.metrics
-                    .http_errors
-                    .get_or_create(&ResultLabels {
-                        result: rejected.label(),
-                    })
-                    .inc();
-                return rejected.into_response(v.max_request_bytes);
-            }
+            Err(rejected) => return v.reject(rejected),
         };
         match v.admission.review(&body).await {
             Ok(json) => respond(StatusCode::OK, Some(JSON), Bytes::from(json)),
@@ -117,24 +109,15 @@ impl ValidateService {
 }
 
 impl Validate {
-    fn method_not_allowed(&self, method: &Method) -> Response<ResponseBody> {
+    /// Counts a request refused before review and answers it.
+    fn reject(&self, rejected: Rejected) -> Response<ResponseBody> {
         self.metrics
             .http_errors
             .get_or_create(&ResultLabels {
-                result: "method_not_allowed",
+                result: rejected.label(),
             })
             .inc();
-        let mut response = respond(
-            StatusCode::METHOD_NOT_ALLOWED,
-            Some(TEXT),
-            Bytes::from(format!(
-                "method {method} is not allowed on /validate: send AdmissionReviews with POST\n"
-            )),
-        );
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("POST"));
-        response
+        rejected.into_response(self.max_request_bytes)
     }
 }
 
@@ -153,8 +136,9 @@ fn respond(
     response
 }
 
-/// Why a body was not read.
+/// Why a request was refused before review.
 enum Rejected {
+    MethodNotAllowed(Method),
     TooLarge,
     Unreadable(String),
     TimedOut,
@@ -165,6 +149,7 @@ enum Rejected {
 impl Rejected {
     fn label(&self) -> &'static str {
         match self {
+            Rejected::MethodNotAllowed(_) => "method_not_allowed",
             Rejected::TooLarge => "too_large",
             Rejected::Unreadable(_) => "body_unreadable",
             Rejected::TimedOut => "body_timeout",
@@ -173,7 +158,17 @@ impl Rejected {
     }
 
     fn into_response(self, limit: usize) -> Response<ResponseBody> {
+        let mut extra_header = None;
         let (status, message) = match self {
+            Rejected::MethodNotAllowed(method) => {
+                extra_header = Some((header::ALLOW, HeaderValue::from_static("POST")));
+                (
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!(
+                        "method {method} is not allowed on /validate: send AdmissionReviews with POST\n"
+                    ),
+                )
+            }
             Rejected::TooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body is larger than the limit of {limit} bytes\n"),
@@ -190,20 +185,20 @@ impl Rejected {
                 ),
             ),
             Rejected::Busy => {
-                let mut response = respond(
+                extra_header = Some((header::RETRY_AFTER, HeaderValue::from_static("1")));
+                (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    Some(TEXT),
-                    Bytes::from(format!(
+                    format!(
                         "too many request bodies larger than {SMALL_BODY_BYTES} bytes are in progress; retry later\n"
-                    )),
-                );
-                response
-                    .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return response;
+                    ),
+                )
             }
         };
-        respond(status, Some(TEXT), Bytes::from(message))
+        let mut response = respond(status, Some(TEXT), Bytes::from(message));
+        if let Some((name, value)) = extra_header {
+            response.headers_mut().insert(name, value);
+        }
+        response
     }
 }
 
