@@ -13,21 +13,10 @@ use prometheus_client::registry::Registry;
 use storageversion_webhook::admission::{decode_review, Admission, Enforcement};
 use storageversion_webhook::leases::StaticLeases;
 use storageversion_webhook::metrics::Metrics;
-use storageversion_webhook::model::{
-    LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LABEL_VALUE,
-};
+use storageversion_webhook::model::{LeaseLookup, LeaseRecord, StorageVersion};
 use storageversion_webhook::rules::{self, LeaseFacts, RuleOptions};
 
 use svw_testkit::fixtures;
-
-fn live_record(id: &str) -> LeaseRecord {
-    LeaseRecord {
-        name: id.to_string(),
-        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
-        renew_time: Some(Timestamp::now()),
-        lease_duration_seconds: Some(3600),
-    }
-}
 
 struct Case {
     label: &'static str,
@@ -48,9 +37,17 @@ fn case(label: &'static str, entries: usize) -> Case {
         serde_json::from_value(old_object.clone()).expect("fixture oldObject");
     let facts: LeaseFacts = ids
         .iter()
-        .map(|id| (id.clone(), LeaseLookup::Found(live_record(id))))
+        .map(|id| {
+            (
+                id.clone(),
+                LeaseLookup::Found(LeaseRecord::live_apiserver(id.as_str())),
+            )
+        })
         .collect();
-    let leases = StaticLeases::new(ids.iter().map(|id| live_record(id)));
+    let leases = StaticLeases::new(
+        ids.iter()
+            .map(|id| LeaseRecord::live_apiserver(id.as_str())),
+    );
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let admission = Admission::new(

@@ -219,6 +219,17 @@ impl LeaseRecord {
         )
     }
 
+    /// An apiserver's identity lease renewed just now for an hour: the live lease of tests,
+    /// benchmarks and examples.
+    pub fn live_apiserver(name: impl Into<String>) -> Self {
+        LeaseRecord {
+            name: name.into(),
+            identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
+            renew_time: Some(k8s_openapi::jiff::Timestamp::now()),
+            lease_duration_seconds: Some(3600),
+        }
+    }
+
     /// Carries `apiserver.kubernetes.io/identity=kube-apiserver`.
     pub fn is_apiserver(&self) -> bool {
         self.identity_label.as_deref() == Some(IDENTITY_LABEL_VALUE)

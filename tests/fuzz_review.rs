@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
 use prometheus_client::registry::Registry;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -17,16 +16,11 @@ use serde_json::{json, Value};
 use storageversion_webhook::admission::{Admission, Enforcement};
 use storageversion_webhook::leases::StaticLeases;
 use storageversion_webhook::metrics::Metrics;
-use storageversion_webhook::model::{LeaseRecord, IDENTITY_LABEL_VALUE};
+use storageversion_webhook::model::LeaseRecord;
 
 fn admission() -> Admission {
     let mut registry = Registry::default();
-    let leases = StaticLeases::new([LeaseRecord {
-        name: apiserver(),
-        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
-        renew_time: Some(Timestamp::now()),
-        lease_duration_seconds: Some(3600),
-    }]);
+    let leases = StaticLeases::new([LeaseRecord::live_apiserver(apiserver())]);
     Admission::new(
         Arc::new(leases),
         Enforcement::Deny,

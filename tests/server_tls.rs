@@ -19,7 +19,6 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use k8s_openapi::jiff::Timestamp;
 use prometheus_client::registry::Registry;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
@@ -35,7 +34,7 @@ use storageversion_webhook::admission::{
 use storageversion_webhook::leases::coalesce::Coalescing;
 use storageversion_webhook::leases::{LeaseView, StaticLeases};
 use storageversion_webhook::metrics::Metrics;
-use storageversion_webhook::model::{LeaseLookup, LeaseRecord, IDENTITY_LABEL_VALUE};
+use storageversion_webhook::model::{LeaseLookup, LeaseRecord};
 use storageversion_webhook::server::{CertStore, Deps, ReadyFlag, Server, ServerConfig};
 
 use svw_testkit::certs::{client_config, Ca, Leaf};
@@ -51,12 +50,7 @@ type HttpsClient = Client<HttpsConnector<HttpConnector>, Body>;
 // AdmissionReview bodies
 
 fn live_leases() -> StaticLeases {
-    StaticLeases::new([LeaseRecord {
-        name: LIVE_ID.to_string(),
-        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
-        renew_time: Some(Timestamp::now()),
-        lease_duration_seconds: Some(3600),
-    }])
+    StaticLeases::new([LeaseRecord::live_apiserver(LIVE_ID)])
 }
 
 fn entry(id: &str, encoding: &str, decodable: &[&str]) -> Value {
@@ -1436,12 +1430,7 @@ async fn twenty_thousand_ids_make_a_bounded_number_of_lookups_shared_across_revi
 async fn more_ids_than_the_lookup_limit_only_warn_about_the_rest() {
     // Every ID has a live lease, but only the first `limit` are looked up: the rest are
     // lease-lookup-failed, which warns and never denies.
-    let records = (0..40).map(|i| LeaseRecord {
-        name: format!("apiserver-{i:06}"),
-        identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
-        renew_time: Some(Timestamp::now()),
-        lease_duration_seconds: Some(3600),
-    });
+    let records = (0..40).map(|i| LeaseRecord::live_apiserver(format!("apiserver-{i:06}")));
     let h = Harness::start_with(Arc::new(StaticLeases::new(records)), |_, _, _| {}).await;
     let reply = h.validate(sv_review("uid-40", many_ids_object(40))).await;
     let answer = reply.json();

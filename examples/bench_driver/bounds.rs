@@ -15,14 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context};
-use k8s_openapi::jiff::Timestamp;
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use storageversion_webhook::admission::{Admission, Enforcement, ReviewLimits};
 use storageversion_webhook::leases::coalesce::Coalescing;
 use storageversion_webhook::leases::{LeaseView, StaticLeases};
 use storageversion_webhook::metrics::Metrics;
-use storageversion_webhook::model::{LeaseRecord, IDENTITY_LABEL_VALUE};
+use storageversion_webhook::model::LeaseRecord;
 use storageversion_webhook::server::conns::ConnLimit;
 use svw_testkit::fixtures;
 
@@ -48,12 +47,7 @@ pub struct BoundsArgs {
 fn admission(bounded: bool) -> Admission {
     let records = fixtures::apiserver_ids(3)
         .into_iter()
-        .map(|name| LeaseRecord {
-            name,
-            identity_label: Some(IDENTITY_LABEL_VALUE.to_string()),
-            renew_time: Some(Timestamp::now()),
-            lease_duration_seconds: Some(3600),
-        });
+        .map(LeaseRecord::live_apiserver);
     let leases = Arc::new(StaticLeases::new(records));
     let view: Arc<dyn LeaseView> = if bounded {
         Arc::new(Coalescing::new(leases))
