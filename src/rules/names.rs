@@ -165,16 +165,23 @@ fn after_checked_prefix<'a>(s: &'a str, label: &str, errs: &mut Vec<String>) -> 
         Slashes::Two(prefix, rest) => (prefix, rest),
         Slashes::More => return None,
     };
-    if prefix.is_empty() {
+    part_errors(prefix, label, dns1123_subdomain, errs);
+    Some(rest)
+}
+
+/// `check`'s messages about `part`, each prefixed `label`, added to `errs`; the empty-part
+/// message when `part` is empty.
+fn part_errors(
+    part: &str,
+    label: &str,
+    check: fn(&str) -> Vec<&'static str>,
+    errs: &mut Vec<String>,
+) {
+    if part.is_empty() {
         errs.push(format!("{label}{EMPTY_MSG}"));
     } else {
-        errs.extend(
-            dns1123_subdomain(prefix)
-                .into_iter()
-                .map(|m| format!("{label}{m}")),
-        );
+        errs.extend(check(part).into_iter().map(|m| format!("{label}{m}")));
     }
-    Some(rest)
 }
 
 /// True when [`qualified_name`] has nothing to say.
@@ -215,15 +222,7 @@ pub fn api_version(s: &str) -> Vec<String> {
     let Some(version) = after_checked_prefix(s, "group part: ", &mut errs) else {
         return vec![API_VERSION_TOO_MANY_PARTS_MSG.to_string()];
     };
-    if version.is_empty() {
-        errs.push(format!("version part: {EMPTY_MSG}"));
-    } else {
-        errs.extend(
-            dns1035_label(version)
-                .into_iter()
-                .map(|m| format!("version part: {m}")),
-        );
-    }
+    part_errors(version, "version part: ", dns1035_label, &mut errs);
     errs
 }
 
