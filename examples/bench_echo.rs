@@ -3,12 +3,18 @@
 //! the *ring* provider, TLS 1.3 and 1.2, ALPN `http/1.1`, the same certificate, TCP_NODELAY,
 //! keep-alive, and the same Tokio runtime (multi-threaded, one worker per CPU it may run on).
 //!
-//! `cargo run --release --example bench_echo -- <listen addr> <cert.pem> <key.pem>`; prints
-//! `listening on <addr>` once bound.
+//! `cargo run --release --example bench_echo -- <listen addr> <cert.pem> <key.pem> [busy µs]`;
+//! prints `listening on <addr>` once bound.
+//!
+//! With `busy µs`, each request also keeps the CPU busy for that long before the answer (a spin
+//! on the clock: no memory, no allocation, no system call). `bench/run` runs one such server as
+//! a calibration: it shows what a fixed amount of extra work per request does to throughput on
+//! the machine at hand, which is the yardstick for the goal "validate ≥ 0.6 × the limit".
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -25,8 +31,10 @@ const ANSWER: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionR
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, listen, cert, key] = args.as_slice() else {
-        return Err("usage: bench_echo <listen addr> <cert.pem> <key.pem>".into());
+    let (listen, cert, key, busy) = match args.as_slice() {
+        [_, listen, cert, key] => (listen, cert, key, Duration::ZERO),
+        [_, listen, cert, key, busy] => (listen, cert, key, Duration::from_micros(busy.parse()?)),
+        _ => return Err("usage: bench_echo <listen addr> <cert.pem> <key.pem> [busy µs]".into()),
     };
     let listen: SocketAddr = listen.parse()?;
     let chain = CertificateDer::pem_file_iter(cert)?.collect::<Result<Vec<_>, _>>()?;
@@ -59,6 +67,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let service = service_fn(|req: Request<Incoming>| async move {
                     // Read the whole body, as a real handler must.
                     let _ = req.into_body().collect().await;
+                    if !busy.is_zero() {
+                        let start = Instant::now();
+                        while start.elapsed() < busy {
+                            std::hint::spin_loop();
+                        }
+                    }
                     Ok::<_, Infallible>(
                         Response::builder()
                             .header("content-type", "application/json")

@@ -263,13 +263,17 @@ fn admission(
     writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|")?;
     let mut ratio_lines = Vec::new();
     for ((mode, conc, rate), eps) in &groups {
+        let calibration = eps.keys().filter(|ep| ep.starts_with(CALIBRATION_PREFIX));
         for ep in [
             "limit",
             "cheapest",
             "validate",
             "limit-real",
             "validate-real",
-        ] {
+        ]
+        .into_iter()
+        .chain(calibration.map(String::as_str))
+        {
             let Some(reps) = eps.get(ep) else { continue };
             let all: Vec<&Value> = reps.values().copied().collect();
             let clean: Vec<&Value> = all
@@ -338,6 +342,7 @@ fn admission(
         writeln!(md, "| {mode} | {conc} | {body} | {r:.2} | {c:.2} | {n} |")?;
     }
     writeln!(md)?;
+    calibration(md, &groups)?;
     // The goals (issue 13): pinned, 16 and 64 connections, paired ratios of one run.
     for (mode, conc, body, r, _, _) in ratio_lines.iter().filter(|l| l.0 == "pinned" && l.1 >= 16) {
         goals.push((
@@ -382,6 +387,68 @@ fn admission(
             ));
         }
     }
+    Ok(())
+}
+
+/// Endpoints `limit-busy<N>`: the limit with N µs of busy CPU added to each request.
+const CALIBRATION_PREFIX: &str = "limit-busy";
+
+/// What a known amount of extra CPU per request does to the limit's throughput in this run, set
+/// beside what validate adds: the yardstick for the validate goal on the machine at hand.
+fn calibration(md: &mut String, groups: &Groups<'_>) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for ((mode, conc, rate), eps) in groups {
+        if !rate.is_empty() || mode != "pinned" {
+            continue;
+        }
+        let Some(limit) = eps.get("limit") else {
+            continue;
+        };
+        for (ep, busy) in eps
+            .iter()
+            .filter(|(ep, _)| ep.starts_with(CALIBRATION_PREFIX))
+        {
+            let micros = &ep[CALIBRATION_PREFIX.len()..];
+            let cpu = |reps: &BTreeMap<String, &Value>| {
+                median(
+                    reps.values()
+                        .map(|r| f(r, "server_cpu_us_per_req"))
+                        .collect(),
+                )
+            };
+            let added = |reps: &BTreeMap<String, &Value>| cpu(reps) - cpu(limit);
+            let validate = eps.get("validate").map(|v| {
+                format!(
+                    "{:.0} µs, {:.2} ×",
+                    added(v),
+                    paired_median(v, limit, "rps")
+                )
+            });
+            rows.push(format!(
+                "| {conc} | {micros} µs | {:.0} µs | {:.2} | {} |",
+                added(busy),
+                paired_median(busy, limit, "rps"),
+                validate.unwrap_or_else(|| "–".to_string()),
+            ));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "**Calibration.** `limit-busy<N>` is the limit with N µs of busy CPU added to each \
+        request (a spin on the clock: no memory, no allocation, no system call). Its throughput \
+        against the limit's, paired in this run, shows how much work per request a ratio leaves on \
+        this machine; *added CPU* is the endpoint's server CPU per request minus the limit's \
+        (medians), beside validate's with the synthetic body:\n"
+    )?;
+    writeln!(md, "| conns (pinned) | busy per request | added CPU | req/s ratio to the limit | validate: added CPU, req/s ratio |")?;
+    writeln!(md, "|---|---|---|---|---|")?;
+    for row in rows {
+        writeln!(md, "{row}")?;
+    }
+    writeln!(md)?;
     Ok(())
 }
 
