@@ -33,7 +33,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let (listen, cert, key, busy) = match args.as_slice() {
         [_, listen, cert, key] => (listen, cert, key, Duration::ZERO),
-        [_, listen, cert, key, busy] => (listen, cert, key, Duration::from_micros(busy.parse()?)),
+        [_, listen, cert, key, busy] => {
+            let micros: u64 = busy
+                .parse()
+                .map_err(|e| format!("busy µs {busy:?} is not a whole number of µs: {e}"))?;
+            (listen, cert, key, Duration::from_micros(micros))
+        }
         _ => return Err("usage: bench_echo <listen addr> <cert.pem> <key.pem> [busy µs]".into()),
     };
     let listen: SocketAddr = listen.parse()?;

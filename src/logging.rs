@@ -107,7 +107,7 @@ pub mod text {
     }
 
     impl TextVisitor<'_> {
-        /// Writes the separator and `name=` (nothing for the message); `None` for a field
+        /// Writes the separator and `name=` (nothing for the message); `false` for a field
         /// that is not written (the `log.` metadata of events from the `log` crate).
         fn start(&mut self, field: &Field) -> Result<bool, fmt::Error> {
             let name = field.name();

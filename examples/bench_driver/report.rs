@@ -202,6 +202,20 @@ fn paired_median(a: &BTreeMap<String, &Value>, b: &BTreeMap<String, &Value>, k: 
     }
 }
 
+/// The median of `k` over an endpoint's clean runs, or over all of them if none is clean.
+fn clean_median(reps: &BTreeMap<String, &Value>, k: &str) -> f64 {
+    let clean: Vec<f64> = reps
+        .values()
+        .filter(|r| r["noisy"] != Value::Bool(true))
+        .map(|r| f(r, k))
+        .collect();
+    if clean.is_empty() {
+        median(reps.values().map(|r| f(r, k)).collect())
+    } else {
+        median(clean)
+    }
+}
+
 /// (mode, connections, rate) -> endpoint -> repetition -> result line.
 type Groups<'a> = BTreeMap<(String, u32, String), BTreeMap<String, BTreeMap<String, &'a Value>>>;
 
@@ -276,19 +290,17 @@ fn admission(
         {
             let Some(reps) = eps.get(ep) else { continue };
             let all: Vec<&Value> = reps.values().copied().collect();
-            let clean: Vec<&Value> = all
+            let clean = all
                 .iter()
-                .copied()
                 .filter(|r| r["noisy"] != Value::Bool(true))
-                .collect();
-            let use_rows = if clean.is_empty() { &all } else { &clean };
-            let m = |k: &str| median(use_rows.iter().map(|r| f(r, k)).collect());
+                .count();
+            let m = |k: &str| clean_median(reps, k);
             writeln!(
                 md,
                 "| {mode} | {conc} | {} | {ep} | {} ({}) | {:.0} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} |",
                 if rate.is_empty() { "max".to_string() } else { format!("{rate}/s") },
                 all.len(),
-                clean.len(),
+                clean,
                 m("rps"),
                 m("p50_ms"),
                 m("p99_ms"),
@@ -409,14 +421,10 @@ fn calibration(md: &mut String, groups: &Groups<'_>) -> anyhow::Result<()> {
             .filter(|(ep, _)| ep.starts_with(CALIBRATION_PREFIX))
         {
             let micros = &ep[CALIBRATION_PREFIX.len()..];
-            let cpu = |reps: &BTreeMap<String, &Value>| {
-                median(
-                    reps.values()
-                        .map(|r| f(r, "server_cpu_us_per_req"))
-                        .collect(),
-                )
+            let added = |reps: &BTreeMap<String, &Value>| {
+                clean_median(reps, "server_cpu_us_per_req")
+                    - clean_median(limit, "server_cpu_us_per_req")
             };
-            let added = |reps: &BTreeMap<String, &Value>| cpu(reps) - cpu(limit);
             let validate = eps.get("validate").map(|v| {
                 format!(
                     "{:.0} µs, {:.2} ×",
@@ -441,7 +449,7 @@ fn calibration(md: &mut String, groups: &Groups<'_>) -> anyhow::Result<()> {
         request (a spin on the clock: no memory, no allocation, no system call). Its throughput \
         against the limit's, paired in this run, shows how much work per request a ratio leaves on \
         this machine; *added CPU* is the endpoint's server CPU per request minus the limit's \
-        (medians), beside validate's with the synthetic body:\n"
+        (medians of the clean runs, as in the table above), beside validate's with the synthetic body:\n"
     )?;
     writeln!(md, "| conns (pinned) | busy per request | added CPU | req/s ratio to the limit | validate: added CPU, req/s ratio |")?;
     writeln!(md, "|---|---|---|---|---|")?;
