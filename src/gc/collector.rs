@@ -13,7 +13,11 @@
 //!    lease that is back, or a lookup that fails, removes nothing.
 //! 4. [`Term::act`]: each object naming a confirmed lease costs one write (the `/status` PUT with
 //!    the stored copy's resourceVersion, or the preconditioned DELETE); a conflict reads the
-//!    object again and retries. [`Term::send`] is the one place write errors are mapped.
+//!    object again, confirms again (after that read) the leases it still names, and retries.
+//!    [`Term::send`] is the one place write errors are mapped.
+//!
+//! The copies acted on come from one snapshot of the store taken before step 3, so each entry
+//! removed was written before its lease was seen gone (invariant I1 in docs/gc.md).
 //!
 //! Everything stops when the term's token is cancelled.
 
@@ -293,12 +297,16 @@ impl Term {
                         self.wake.notify_one();
                     }
                     LeaseChange::Applied(name) => {
-                        // A suspect that came back changes what is due; with the expired-lease
-                        // grace, any change of a lease may move when it expires (a renewTime
-                        // set back), so the next pass recomputes its wake-up from the store.
-                        if self.c.cfg.expired_grace.is_some()
-                            || lock(&self.state).suspects.contains_key(name)
-                        {
+                        // A suspect that is back is forgotten now, so that its next absence
+                        // waits the whole grace again (even if it goes before the next pass).
+                        // With the expired-lease grace, any change of a lease may move when it
+                        // expires (a renewTime set back), so the next pass recomputes its
+                        // wake-up from the store.
+                        let was_suspect = lock(&self.state).suspects.contains_key(name);
+                        if was_suspect && self.looks_live(name) {
+                            lock(&self.state).suspects.remove(name);
+                        }
+                        if self.c.cfg.expired_grace.is_some() || was_suspect {
                             self.wake.notify_one();
                         }
                     }
@@ -306,6 +314,16 @@ impl Term {
                 },
             }
         }
+    }
+
+    /// Whether the lease store shows lease `id` live (present, an apiserver's, and not expired
+    /// beyond the expired-lease grace when that is on).
+    fn looks_live(&self, id: &str) -> bool {
+        let now = Timestamp::now();
+        let expired_grace = self.c.cfg.expired_grace;
+        self.c
+            .leases
+            .read(|leases| !judge_stored(leases.get(id), now, expired_grace).is_gone())
     }
 
     fn follow_up(&self, name: &str) {
@@ -378,17 +396,24 @@ impl Term {
 
     /// One pass: observe, pick what is due, confirm it live, act. Returns when the next pass is
     /// needed without a wake-up (`None`: only on one), or `None` if the term ended.
+    ///
+    /// The objects acted on are the copies in one snapshot of the store taken at the start,
+    /// before the confirming GETs: every entry in them was written before its lease was seen
+    /// gone, so no entry written by an apiserver that came back afterwards is judged by that
+    /// confirmation (invariant I1, docs/gc.md). A copy that is no longer current is refused by
+    /// its resourceVersion, and then read and confirmed again ([`Term::write_one`]).
     async fn pass(self: &Arc<Self>) -> Option<Option<Instant>> {
-        let observed = self.observe();
+        let snapshot = self.svs.state();
+        let observed = self.observe(&snapshot);
         self.c
             .metrics
             .stale_entries
             .set(i64::try_from(observed.stale_entries).unwrap_or(i64::MAX));
-        let due = self.due(&observed);
+        let due = self.due(&observed, &snapshot);
         if !due.is_empty() {
             let confirmed = self.confirm(&due).await?;
             if !confirmed.is_empty() {
-                self.act(&confirmed).await?;
+                self.act(&confirmed, &snapshot).await?;
             }
         }
         let grace = self.c.cfg.deletion_grace;
@@ -401,14 +426,13 @@ impl Term {
     }
 
     /// Step 1: what the stores show. No API call.
-    fn observe(&self) -> Observed {
+    fn observe(&self, svs: &[Arc<StoredSv>]) -> Observed {
         let now = Timestamp::now();
         let expired_grace = self.c.cfg.expired_grace;
-        let svs = self.svs.state();
         self.c.leases.read(|leases| {
             let mut seen = Observed::default();
             let mut judged: HashMap<&str, LeaseState> = HashMap::new();
-            for sv in &svs {
+            for sv in svs {
                 for e in &sv.status.known.storage_versions {
                     let id = e.api_server_id.as_str();
                     let record = leases.get(id);
@@ -435,9 +459,21 @@ impl Term {
     }
 
     /// Step 2: update the suspects from what was observed; return the IDs due for a live GET.
-    fn due(&self, observed: &Observed) -> Vec<String> {
+    fn due(&self, observed: &Observed, svs: &[Arc<StoredSv>]) -> Vec<String> {
         let now = Instant::now();
         let grace = self.c.cfg.deletion_grace;
+        // A deletion to follow up whose lease the store shows live again: back, forget it (its
+        // next absence waits the whole grace).
+        let follow_ups: Vec<String> = lock(&self.state)
+            .suspects
+            .iter()
+            .filter(|(id, s)| s.follow_up && !observed.gone.contains_key(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let back: BTreeSet<String> = follow_ups
+            .into_iter()
+            .filter(|id| self.looks_live(id))
+            .collect();
         let mut state = lock(&self.state);
         for (id, needs_grace) in &observed.gone {
             let s = state
@@ -449,11 +485,9 @@ impl Term {
         // Looks live again (and no deletion to follow up): forget it.
         state
             .suspects
-            .retain(|id, s| s.follow_up || observed.gone.contains_key(id));
+            .retain(|id, s| observed.gone.contains_key(id) || (s.follow_up && !back.contains(id)));
         // Objects changed since we acted on them: the stored copy is newer now.
-        let current: HashMap<String, Option<String>> = self
-            .svs
-            .state()
+        let current: HashMap<String, Option<String>> = svs
             .iter()
             .map(|sv| (sv.name().to_string(), sv.metadata.resource_version.clone()))
             .collect();
@@ -558,8 +592,12 @@ impl Term {
 
     /// Step 4: one write per object naming a confirmed lease (bounded concurrency). Suspects
     /// whose objects are all done are forgotten; the others retry later.
-    async fn act(self: &Arc<Self>, confirmed: &BTreeMap<String, Reason>) -> Option<()> {
-        let targets = self.targets(confirmed);
+    async fn act(
+        self: &Arc<Self>,
+        confirmed: &BTreeMap<String, Reason>,
+        snapshot: &[Arc<StoredSv>],
+    ) -> Option<()> {
+        let targets = self.targets(confirmed, snapshot);
         let now = plan::format_time(Timestamp::now());
         let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
             .map(|sv| {
@@ -589,11 +627,14 @@ impl Term {
 
     /// The stored objects naming a confirmed lease, but for those already acted on at their
     /// current resourceVersion.
-    fn targets(&self, confirmed: &BTreeMap<String, Reason>) -> Vec<Arc<StoredSv>> {
+    fn targets(
+        &self,
+        confirmed: &BTreeMap<String, Reason>,
+        snapshot: &[Arc<StoredSv>],
+    ) -> Vec<Arc<StoredSv>> {
         let state = lock(&self.state);
-        self.svs
-            .state()
-            .into_iter()
+        snapshot
+            .iter()
             .filter(|sv| {
                 let acted = state.acted.get(sv.name()).map(String::as_str);
                 acted.is_none() || acted != sv.resource_version()
@@ -605,6 +646,7 @@ impl Term {
                     .iter()
                     .any(|e| confirmed.contains_key(&e.api_server_id))
             })
+            .cloned()
             .collect()
     }
 
@@ -644,8 +686,9 @@ impl Term {
     ) -> Option<Outcome> {
         let _in_flight = InFlight::start(&self.c.metrics);
         let mut current = stored.clone();
+        let mut confirmed = confirmed.clone();
         for attempt in 0..=MAX_CONFLICT_RETRIES {
-            let decided = plan::plan(&current.to_model(), confirmed, now);
+            let decided = plan::plan(&current.to_model(), &confirmed, now);
             if matches!(decided, Plan::Nothing) {
                 self.c.metrics.check("unchanged");
                 self.mark_acted(stored);
@@ -678,7 +721,16 @@ impl Term {
                     return Some(Outcome::Retry);
                 }
                 Sent::Conflict => match self.reread(current.name(), attempt).await? {
-                    Ok(fresh) => current = fresh,
+                    // The object changed after the leases were confirmed: an apiserver may have
+                    // come back and written its entry again since. The confirmation holds only
+                    // for what was written before it, so confirm again, after this read.
+                    Ok(fresh) => match self.reconfirm(&fresh, &confirmed).await? {
+                        Some(still_gone) => {
+                            current = fresh;
+                            confirmed = still_gone;
+                        }
+                        None => return Some(Outcome::Retry),
+                    },
                     Err(outcome) => return Some(outcome),
                 },
             }
@@ -689,6 +741,43 @@ impl Term {
             "still conflicting; retrying later"
         );
         Some(Outcome::Retry)
+    }
+
+    /// After a re-read: one live GET per confirmed lease that `fresh` still names, each after
+    /// the read. Returns those still gone (`Some(None)`: a lookup failed, try at a later pass;
+    /// `None`: the term ended). A lease that is back is no longer a suspect.
+    async fn reconfirm(
+        &self,
+        fresh: &StoredSv,
+        confirmed: &BTreeMap<String, Reason>,
+    ) -> Option<Option<BTreeMap<String, Reason>>> {
+        let named: BTreeSet<&str> = fresh
+            .status
+            .known
+            .storage_versions
+            .iter()
+            .map(|e| e.api_server_id.as_str())
+            .filter(|id| confirmed.contains_key(*id))
+            .collect();
+        let mut still = BTreeMap::new();
+        for id in named {
+            let lookup = self.lookup(id).await?;
+            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
+            match (&state, state.reason()) {
+                (LeaseState::Unknown(e), _) => {
+                    tracing::warn!(apiserver = %id, error = %e, "cannot judge identity lease after a conflict; entries kept");
+                    return Some(None);
+                }
+                (_, Some(reason)) => {
+                    still.insert(id.to_string(), reason);
+                }
+                (_, None) => {
+                    tracing::info!(apiserver = %id, storageversion = fresh.name(), "identity lease is back; its entries are kept");
+                    lock(&self.state).suspects.remove(id);
+                }
+            }
+        }
+        Some(Some(still))
     }
 
     /// After a conflict: backs off, then reads the object again (`Err`: what became of it).
