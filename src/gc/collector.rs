@@ -41,7 +41,9 @@ use super::metrics::{GcMetrics, InFlight, ReasonLabels, ResultLabels};
 use super::plan::{self, LeaseState, Plan, Reason, Removal};
 use super::stored::StoredSv;
 use crate::leases::{could_be_lease_name, LeaseChange, LeaseStore, StoreEvent};
-use crate::model::{LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LEASE_NAMESPACE};
+use crate::model::{
+    LeaseLookup, LeaseRecord, ServerStorageVersion, StorageVersion, IDENTITY_LEASE_NAMESPACE,
+};
 
 /// Settings of the collector (from [`super::GcArgs`]).
 #[derive(Clone, Debug)]
@@ -211,6 +213,9 @@ struct EventNote {
     reference: k8s_openapi::api::core::v1::ObjectReference,
     reason: &'static str,
     note: String,
+    /// The entries the write removed, as they were: given back if their apiserver turns out to
+    /// have come back during the batch ([`Term::give_back`]).
+    removed: Vec<ServerStorageVersion>,
 }
 
 impl Term {
@@ -613,6 +618,18 @@ impl Term {
             .into_iter()
             .collect::<Option<_>>()?;
         self.settle(confirmed, &outcomes);
+        let removed: Vec<(&str, &[ServerStorageVersion])> = outcomes
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Outcome::Changed(note) if !note.removed.is_empty() => {
+                    Some((note.name.as_str(), note.removed.as_slice()))
+                }
+                _ => None,
+            })
+            .collect();
+        if !removed.is_empty() {
+            self.give_back_if_returned(&removed).await?;
+        }
         // The record of the batch, after its writes: the Events do not hold up the collection,
         // nor compete with its writes at the apiserver.
         let notes = outcomes.into_iter().filter_map(|(_, o)| match o {
@@ -622,6 +639,101 @@ impl Term {
         futures::stream::iter(notes)
             .for_each_concurrent(self.c.cfg.concurrency.max(1), |note| self.publish(note))
             .await;
+        Some(())
+    }
+
+    /// After a batch: one more live GET per lease whose entries it removed. A lease that is
+    /// back was created before this GET, perhaps before some of the batch's writes, and its
+    /// apiserver may have written its unchanged entry in between: kube-apiserver short-circuits
+    /// a write that changes nothing, so the resourceVersion did not move and the precondition
+    /// let the removal through. Its removed entries are given back where it has none now (its
+    /// own newer entry always wins). `None` if the term ended.
+    async fn give_back_if_returned(
+        &self,
+        removed: &[(&str, &[ServerStorageVersion])],
+    ) -> Option<()> {
+        let ids: BTreeSet<&str> = removed
+            .iter()
+            .flat_map(|(_, entries)| entries.iter().map(|e| e.api_server_id.as_str()))
+            .collect();
+        let mut back = BTreeSet::new();
+        for id in ids {
+            let lookup = self.lookup(id).await?;
+            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
+            if !state.is_gone() && !matches!(state, LeaseState::Unknown(_)) {
+                back.insert(id);
+            }
+        }
+        if back.is_empty() {
+            return Some(());
+        }
+        tracing::info!(apiservers = ?back, "identity lease back during the batch; giving its removed entries back");
+        let now = plan::format_time(Timestamp::now());
+        for (name, entries) in removed {
+            let returned: Vec<ServerStorageVersion> = entries
+                .iter()
+                .filter(|e| back.contains(e.api_server_id.as_str()))
+                .cloned()
+                .collect();
+            if !returned.is_empty() {
+                self.give_back(name, &returned, &now).await?;
+            }
+        }
+        Some(())
+    }
+
+    /// Appends `entries` to object `name` where their apiserver has none now (read fresh, written
+    /// with its resourceVersion; a conflict reads again). An object the batch deleted is not
+    /// re-created: its apiserver writes it again at its next refresh.
+    async fn give_back(
+        &self,
+        name: &str,
+        entries: &[ServerStorageVersion],
+        now: &str,
+    ) -> Option<()> {
+        for attempt in 0..=MAX_CONFLICT_RETRIES {
+            let got = self
+                .call("GET storageversion", self.c.svs.get_opt(name))
+                .await?;
+            let fresh = match got {
+                Ok(Some(fresh)) => fresh.trim(),
+                Ok(None) => return Some(()),
+                Err(e) => {
+                    self.c.metrics.error("get_storage_version");
+                    tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion to give entries back");
+                    return Some(());
+                }
+            };
+            let Some(restored) = plan::restore(&fresh.to_model(), entries, now) else {
+                return Some(());
+            };
+            let body = fresh.with_status(restored.status);
+            let pp = PostParams::default();
+            let put = self.c.svs.replace_status(name, &pp, &body);
+            match self.call("PUT storageversion status", put).await? {
+                Ok(_) => {
+                    self.c.metrics.write("give_back", "ok");
+                    self.c.metrics.check("given_back");
+                    tracing::info!(
+                        storageversion = name,
+                        "gave back the entries of an apiserver that came back"
+                    );
+                    return Some(());
+                }
+                Err(e) if is_status(&e, 409) => {
+                    self.c.metrics.write("give_back", "conflict");
+                    self.cancellable(tokio::time::sleep(backoff(attempt + 1)))
+                        .await?;
+                }
+                Err(e) if is_status(&e, 404) => return Some(()),
+                Err(e) => {
+                    self.c.metrics.write("give_back", "error");
+                    self.c.metrics.error("give_back");
+                    tracing::warn!(storageversion = name, error = %e, "cannot give entries back");
+                    return Some(());
+                }
+            }
+        }
         Some(())
     }
 
@@ -688,6 +800,10 @@ impl Term {
         let mut current = stored.clone();
         let mut confirmed = confirmed.clone();
         for attempt in 0..=MAX_CONFLICT_RETRIES {
+            // A lease the watch has delivered back since the confirmation is back: its entries
+            // stay (no API call; the give-back after the batch covers what the watch had not
+            // delivered yet).
+            confirmed.retain(|id, _| !self.looks_live(id));
             let decided = plan::plan(&current.to_model(), &confirmed, now);
             if matches!(decided, Plan::Nothing) {
                 self.c.metrics.check("unchanged");
@@ -931,11 +1047,19 @@ impl Term {
                 format!("Removed the entries of {what}; commonEncodingVersion is now {common}"),
             )
         };
+        let removed = before
+            .status
+            .storage_versions
+            .iter()
+            .filter(|e| removed.iter().any(|r| r.id == e.api_server_id))
+            .cloned()
+            .collect();
         EventNote {
             name: sv.name().to_string(),
             reference: sv.object_ref(&()),
             reason,
             note,
+            removed,
         }
     }
 
@@ -946,6 +1070,7 @@ impl Term {
             reference,
             reason,
             note,
+            ..
         } = note;
         let event = Event {
             type_: EventType::Normal,
