@@ -114,7 +114,7 @@ impl Trigger {
             };
             term.cancel();
             if ended_by_election {
-                // Let the term finish what it is writing (each call is bounded).
+                // The term's pass returns at its next await (bounded, in case).
                 let _ = tokio::time::timeout(CALL_TIMEOUT * 2, &mut work).await;
                 tracing::info!("no longer leading: storage migration trigger stopped");
             }
@@ -127,7 +127,14 @@ impl Trigger {
     async fn lead(self: Arc<Self>, term: CancellationToken) {
         let mut t = Term::default();
         loop {
-            self.pass(&mut t, &term).await;
+            // The pass is dropped the moment leadership ends: a replica that no longer leads
+            // sends no further write (a request already on the wire is the one exception; the
+            // leader Lease's grace is there for it).
+            tokio::select! {
+                biased;
+                () = term.cancelled() => return,
+                () = self.pass(&mut t, &term) => {}
+            }
             tokio::select! {
                 () = term.cancelled() => return,
                 () = tokio::time::sleep(self.cfg.interval) => {}
