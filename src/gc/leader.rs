@@ -261,6 +261,9 @@ impl Election {
         // Half the grace: the manager renews `grace` before expiry, and we give that renewal
         // half the grace to be seen before we stop trusting our claim.
         let margin = self.cfg.grace / 2;
+        // What the manager last reported: that it holds the Lease. A term starts only on a claim
+        // that runs beyond now + margin ([`Self::claim_until`]).
+        let mut manager_holds = false;
         loop {
             let deadline = term.as_ref().map(|t| t.deadline);
             tokio::select! {
@@ -286,13 +289,17 @@ impl Election {
                 changed = changes.recv() => match changed {
                     None => return Exit::Retry,
                     Some(Ok(true)) => {
+                        manager_holds = true;
                         if term.is_none() {
-                            // The manager just wrote renewTime = now.
-                            let deadline = Instant::now() + self.cfg.duration - margin;
-                            *term = Some(self.start(deadline, lead));
+                            // Not "the manager just renewed": a manager built anew reports a
+                            // Lease that still names us even when that claim has run out.
+                            if let Some(deadline) = self.claim_until(obs, margin).await {
+                                *term = Some(self.start(deadline, lead));
+                            }
                         }
                     }
                     Some(Ok(false)) => {
+                        manager_holds = false;
                         if let Some(t) = term.take() {
                             self.stop(t, "lost").await;
                         }
@@ -332,11 +339,37 @@ impl Election {
                                 // than when the old claim would have expired.
                                 return Exit::Now;
                             }
+                            if manager_holds {
+                                // The renewal of a claim that had run out: lead now.
+                                if let Some(deadline) = self.claim_until(obs, margin).await {
+                                    *term = Some(self.start(deadline, lead));
+                                }
+                            }
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Until when (less `margin`) a claim of ours holds beyond now, from the watched Lease or,
+    /// failing that, a live GET; `None` when it does not (the claim ran out: wait for the
+    /// manager's renewal, which the watch delivers).
+    async fn claim_until(
+        &self,
+        obs: &watch::Receiver<Observed>,
+        margin: Duration,
+    ) -> Option<Instant> {
+        let seen = obs.borrow().clone();
+        let now = Instant::now();
+        if seen.holder.as_deref() == Some(self.cfg.identity.as_str()) {
+            if let Some(until) = seen.expiry.map(|e| e.checked_sub(margin).unwrap_or(e)) {
+                if until > now {
+                    return Some(until);
+                }
+            }
+        }
+        self.confirm_claim(margin).await.filter(|until| *until > now)
     }
 
     /// A live GET: if the Lease names us as holder, until when (less `margin`) our claim holds.
