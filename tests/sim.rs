@@ -16,10 +16,12 @@
 //!
 //! Invariants, checked after every step of the world:
 //! - **I1** an entry written by an apiserver after its lease's latest creation is never removed
-//!   while that lease exists (no entry is removed while its lease exists); and, the grace: an
-//!   entry is removed only if its lease did not exist at any time during the deletion grace
-//!   (30 s) before the removal, except in its last L seconds, L the longest watch lag in effect
-//!   (a lagging watch can hide a return that recent).
+//!   while that lease exists (an older entry may go: the lease can come back between the
+//!   collector's confirming GET and its write, and the apiserver then writes its entry again);
+//!   and, the grace: an entry is removed only after a live GET of its lease by that replica
+//!   answered NotFound, and the lease did not exist at any time during the deletion grace (30 s)
+//!   before that answer, except in its last L seconds, L the longest watch lag in effect (a
+//!   lagging watch can hide a return that recent).
 //! - **I2** an entry whose lease has been gone for longer than the grace plus `I2_BOUND` (150 s),
 //!   counted from the later of the deletion and the last disturbance of the replicas, is removed
 //!   (while some replica runs unpartitioned).

@@ -121,6 +121,8 @@ pub struct Write {
 #[derive(Clone, Debug)]
 pub struct Removal {
     pub at: Duration,
+    /// When this replica's last live GET of that lease answered NotFound (None: never).
+    pub confirmed: Option<Duration>,
     pub replica: usize,
     pub sv: String,
     pub id: String,
@@ -162,6 +164,8 @@ pub struct Cluster {
     pub removals: Vec<Removal>,
     pub created: Vec<Created>,
     pub unknown: Vec<String>,
+    /// (replica, identity lease) -> when a GET of it last answered NotFound.
+    pub confirms: BTreeMap<(usize, String), Duration>,
     /// Identity lease name -> (created, deleted) intervals.
     pub lease_life: BTreeMap<String, Vec<(Duration, Option<Duration>)>>,
     /// StorageVersion name -> changes of the version all entries encode and decode (None:
@@ -330,6 +334,7 @@ impl Cluster {
             removals: Vec::new(),
             created: Vec::new(),
             unknown: Vec::new(),
+            confirms: BTreeMap::new(),
             lease_life: BTreeMap::new(),
             agreement: BTreeMap::new(),
             notify: Arc::new(Notify::new()),
@@ -516,6 +521,14 @@ impl Cluster {
             }
             ("GET", Some(n), None) => match self.get(&collection, &n) {
                 Some(o) => Reply::Json(200, o.clone()),
+                None if collection == IDENTITY_LEASES => {
+                    let at = self.at();
+                    self.confirms.insert((p.replica, n.clone()), at);
+                    Reply::Json(
+                        404,
+                        status(404, "NotFound", &format!("{resource} \"{n}\" not found")),
+                    )
+                }
                 None => Reply::Json(
                     404,
                     status(404, "NotFound", &format!("{resource} \"{n}\" not found")),
@@ -799,7 +812,9 @@ impl Cluster {
         let kept = ids(after);
         let at = self.at();
         for id in ids(Some(before)).difference(&kept) {
+            let confirmed = self.confirms.get(&(replica, id.clone())).copied();
             self.removals.push(Removal {
+                confirmed,
                 at,
                 replica,
                 sv: name.to_string(),
@@ -882,8 +897,12 @@ pub async fn accept(shared: Shared, replica: usize, mut handle: Handle) {
             GRID
         };
         let slots = elapsed.as_nanos() / grid.as_nanos() + 1;
+        // Latency: up to two more grid points for any request but those about the leader
+        // Lease (their deadlines are 2 s), one to three seconds more when faults say so.
         let extra = if dice % 100 < c.faults.late_pct {
             4 + (dice >> 8) % 8
+        } else if grid == GRID {
+            (dice >> 16) % 3
         } else {
             0
         };

@@ -233,11 +233,11 @@ impl Sim {
         lock(&self.shared).at()
     }
 
-    /// Schedules `a` after `d`, 125 ms into a second: never on a point of the API server's
-    /// grids, so the world and the API server never act at the same instant.
+    /// Schedules `a` after `d`, 125 ms into a half second: never on a point of the API
+    /// server's grids, so the world and the API server never act at the same instant.
     fn after(&mut self, d: Duration, a: Action) {
         let t = self.at() + d;
-        let t = Duration::from_secs(t.as_secs()) + Duration::from_millis(125);
+        let t = Duration::from_millis(t.as_millis() as u64 / 500 * 500 + 125);
         self.seq += 1;
         self.agenda.insert((t, self.seq), a);
     }
@@ -766,17 +766,21 @@ impl Sim {
                     },
                 );
             }
-            // A restart landing right at the deletion-grace boundary.
+            // A restart landing right at the deletion-grace boundary (lease and entries within
+            // a second of it).
             56..=65 => {
                 self.after(Duration::ZERO, Action::ApiStop { i, graceful: true });
-                let at = GRACE + self.secs(0, 6) - Duration::from_secs(1);
+                let at = GRACE + Duration::from_millis(500 * self.rng.range(0, 8))
+                    - Duration::from_secs(2);
+                let lease_in = Duration::from_millis(500 * self.rng.range(1, 2));
+                let write_in = Duration::from_millis(500 * self.rng.range(0, 1));
                 self.after(
                     at,
                     Action::ApiStart {
                         i,
                         minor,
-                        lease_in: Duration::from_secs(1),
-                        write_in: Duration::from_secs(1),
+                        lease_in,
+                        write_in,
                     },
                 );
             }
@@ -906,25 +910,27 @@ impl Sim {
                         "I1: replica {} removed the entry of {} from {} at {:?}, written after its lease was created at {:?}, while that lease exists",
                         rm.replica, rm.id, rm.sv, rm.at, created
                     ));
-                } else {
-                    found.push(format!(
-                        "I1: replica {} removed the entry of {} from {} at {:?} while its lease exists (since {:?})",
-                        rm.replica, rm.id, rm.sv, rm.at, created
-                    ));
                 }
             }
             // A watch lagging by L may hide a return in the last L seconds; one before that
             // the collector could see.
-            let from = rm.at.saturating_sub(GRACE);
-            let to = rm.at.saturating_sub(self.max_lag);
+            let Some(confirmed) = rm.confirmed else {
+                found.push(format!(
+                    "I1 (grace): replica {} removed the entry of {} from {} at {:?} without ever getting NotFound for its lease",
+                    rm.replica, rm.id, rm.sv, rm.at
+                ));
+                continue;
+            };
+            let from = confirmed.saturating_sub(GRACE);
+            let to = confirmed.saturating_sub(self.max_lag);
             if let Some((s, e)) = lives
                 .iter()
                 .rev()
                 .find(|(s, e)| *s <= to && e.is_none_or(|e| e > from))
             {
                 found.push(format!(
-                    "I1 (grace): replica {} removed the entry of {} from {} at {:?}, but its lease existed from {:?} to {:?}, within the {:?} grace before it (a return in the last {:?} may be hidden by watch lag)",
-                    rm.replica, rm.id, rm.sv, rm.at, s, e, GRACE, self.max_lag
+                    "I1 (grace): replica {} removed the entry of {} from {} at {:?} on a NotFound at {:?}, but its lease existed from {:?} to {:?}, within the {:?} grace before that (a return in the last {:?} may be hidden by watch lag)",
+                    rm.replica, rm.id, rm.sv, rm.at, confirmed, s, e, GRACE, self.max_lag
                 ));
             }
         }
