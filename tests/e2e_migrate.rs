@@ -1,9 +1,11 @@
 //! `serve --migrate` against a real control plane: the upgrade of kube-apiserver from an
 //! emulated 1.36 (stores MutatingAdmissionPolicies as v1beta1) to 1.37 (v1) ends with the
 //! objects in etcd rewritten as v1 by kube-controller-manager's storage-version-migrator
-//! (read from etcd with etcdctl); no migration while apiservers disagree, after a rollback
-//! within the settle time, for an undecodable version, or twice (restart, two replicas); a
-//! failed migration is reported once (metrics, Event, audit) and not re-created.
+//! (read from etcd with etcdctl); an apiserver rolled back and objects written through it, then
+//! upgraded again, end the same way with a second migration; no migration while apiservers
+//! disagree, to a version a rollback abandoned, for an undecodable version, or twice (restart,
+//! two replicas); a failed migration is reported once (metrics, Event, audit) and not
+//! re-created.
 
 mod support;
 
@@ -107,7 +109,10 @@ async fn restart_quietly(
 /// disagree, and no migration is created however long that lasts. The second is upgraded: after
 /// the settle time one migration is created and kube-controller-manager rewrites the objects:
 /// etcd holds v1. A restarted webhook creates and reports nothing more, and `audit` finds
-/// nothing left to migrate.
+/// nothing left to migrate. Then one apiserver is rolled back to 1.36 and objects are created
+/// through it (stored as v1beta1; `audit` reports the resource), and it is upgraded again: the
+/// entries agree on v1, the version already migrated to, and a second migration (a new name)
+/// leaves every object in etcd as v1; `audit` is clean again.
 #[tokio::test(flavor = "multi_thread")]
 async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     let _serial = serial().await;
@@ -185,7 +190,7 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
     // Upgrade apiserver 0, then run the migrator.
     cp.run(&["upgrade-apiserver", "0", "--version", "1.37"]);
     kcm_start(&cp, &[KCM_MIGRATOR]);
-    let migration = svm::migration_name(MAP_SV, &v1);
+    let migration = svm::migration_name(MAP_SV, &v1, 1);
     let end = Instant::now() + 2 * MINUTE;
     let created = loop {
         let found = migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies").await;
@@ -266,10 +271,14 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
         }
     );
     assert_eq!(event_count(&cp, MAP_SV, "MigrationCreated").await, 1);
-    assert_eq!(state(&cp).await.get(MAP_SV), Some(&v1));
+    let remembered = record(&cp, MAP_SV)
+        .await
+        .expect("the state of the resource");
+    assert_eq!(remembered.agreed.as_deref(), Some(v1.as_str()));
+    assert_eq!(remembered.migration.as_deref(), Some(migration.as_str()));
 
     // A restarted webhook creates no second migration and reports nothing again.
-    let (_hook, _) = restart_quietly(&cp, hook, &certs, "4s").await;
+    let (hook, _) = restart_quietly(&cp, hook, &certs, "4s").await;
     assert_eq!(
         migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies")
             .await
@@ -280,7 +289,85 @@ async fn upgrade_rewrites_stored_objects_in_the_agreed_version() {
 
     let (_, report) = audit_json(&cp);
     assert!(report.get("staleStorage").is_none(), "{report:#}");
-    eprintln!("upgrade test took {:?}", t_test.elapsed());
+    eprintln!("upgrade took {:?}", t_test.elapsed());
+
+    // Rollback: apiserver 0 (the one kubectl talks to) back to 1.36, and objects created
+    // through it, stored as v1beta1 although a migration to v1 has succeeded.
+    cp.run(&["upgrade-apiserver", "0", "--emulated-version", "1.36"]);
+    let rolled: Vec<String> = (3..5).map(|i| format!("svw-e2e-policy-{i}")).collect();
+    for n in &rolled {
+        kubectl_apply(&cp, &map_policy(n));
+    }
+    let mixed = stored_versions(&cp, MAP_PREFIX);
+    for n in &rolled {
+        let stored = mixed.iter().find(|(k, _)| k.ends_with(n.as_str()));
+        assert_eq!(
+            stored.map(|(_, v)| v.as_str()),
+            Some(v1beta1.as_str()),
+            "{n} stored during the rollback: {mixed:?}"
+        );
+    }
+    // In between, audit reports the leftover (the entries disagree now).
+    let (code, report) = audit_json(&cp);
+    assert_ne!(code, 0, "audit clean during the rollback: {report:#}");
+    assert!(
+        stale_storage_names(&report).contains(&MAP_SV.to_string()),
+        "{report:#}"
+    );
+
+    // Upgraded again: the entries agree on v1, the version already migrated to. Objects written
+    // in v1beta1 since that migration make a second one, with a new name.
+    cp.run(&["upgrade-apiserver", "0", "--version", "1.37"]);
+    poll_until(MINUTE, "the entries to agree on v1 again", || async {
+        common_version(&cp, MAP_SV).await.as_deref() == Some(v1.as_str())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (code, report) = audit_json(&cp);
+    assert_ne!(
+        code, 0,
+        "audit clean before the second migration succeeded: {report:#}"
+    );
+    assert!(
+        stale_storage_names(&report).contains(&MAP_SV.to_string()),
+        "{report:#}"
+    );
+    let second = svm::migration_name(MAP_SV, &v1, 2);
+    wait_phase(&cp, &second, Phase::Succeeded, 3 * MINUTE).await;
+    let after = stored_versions(&cp, MAP_PREFIX);
+    assert_eq!(after.len(), names.len() + rolled.len(), "{after:?}");
+    assert!(
+        after.values().all(|v| *v == v1),
+        "stored after the re-upgrade's migration: {after:?}"
+    );
+    assert_eq!(
+        migrations_of(&cp, MAP_GROUP, "mutatingadmissionpolicies")
+            .await
+            .len(),
+        2,
+        "exactly one more migration"
+    );
+    poll_until(MINUTE, "audit to find nothing left", || async {
+        audit_json(&cp).1.get("staleStorage").is_none()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    eprintln!(
+        "upgrade, rollback and re-upgrade took {:?}",
+        t_test.elapsed()
+    );
+}
+
+/// The StorageVersion names `audit --output json` lists under `staleStorage`.
+fn stale_storage_names(report: &serde_json::Value) -> Vec<String> {
+    report["staleStorage"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s["storageVersion"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 const W_GROUP: &str = "svw.example.com";
@@ -328,9 +415,11 @@ async fn widget_migrations(cp: &ControlPlane) -> Vec<String> {
 }
 
 /// Two apiservers' entries (with live identity leases) driven by the test, two `serve
-/// --migrate` replicas: nothing while they disagree or after a rollback within the settle time;
-/// exactly one migration once they agree for the settle
-/// time, and none more when the leader stops and the other replica takes over.
+/// --migrate` replicas: nothing while they disagree, nothing to the new version after a
+/// rollback within the settle time (but one back to the old version, since objects may have
+/// been written in the new one meanwhile); exactly one migration, with the next number, once
+/// they agree on the new version for the settle time, and none more when the leader stops and
+/// the other replica takes over.
 #[tokio::test(flavor = "multi_thread")]
 async fn migrates_once_and_only_after_agreement_settles() {
     let _serial = serial().await;
@@ -382,20 +471,38 @@ async fn migrates_once_and_only_after_agreement_settles() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", leader.logs_text()));
+    assert!(
+        widget_migrations(&cp).await.is_empty(),
+        "a migration to v2 before the settle time"
+    );
     set(&cp, two_entries("v1", "v2", &["v1", "v2"], &["v1", "v2"])).await;
     set(&cp, two_entries("v1", "v1", &["v1", "v2"], &["v1", "v2"])).await;
-    tokio::time::sleep(settle * 2).await;
+    // Rolled back to v1: nothing went to v2. Objects may have been written in v2 meanwhile, so
+    // once v1 has held for the settle time they are migrated back to v1: one migration.
+    let back = svm::migration_name(W_SV, &format!("{W_GROUP}/v1"), 1);
+    poll_until(MINUTE, "the migration back to v1", || async {
+        widget_migrations(&cp).await == vec![back.clone()]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", leader.logs_text()));
     wait_passes(leader, 2.0).await;
-    assert!(widget_migrations(&cp).await.is_empty());
+    assert_eq!(widget_migrations(&cp).await, vec![back.clone()]);
 
     // (An agreed version some entry cannot decode is refused by kube-apiserver's own validation
     // of StorageVersions, so it cannot be staged here; the unit tests of decide cover it.)
 
-    // Agreed on v2 by both, for the settle time: one migration.
+    // Agreed on v2 by both, for the settle time: one migration, with the next number.
     set(&cp, two_entries("v2", "v2", &["v1", "v2"], &["v1", "v2"])).await;
-    let name = svm::migration_name(W_SV, &format!("{W_GROUP}/v2"));
+    let name = svm::migration_name(W_SV, &format!("{W_GROUP}/v2"), 2);
+    let both = {
+        let mut b = vec![back.clone(), name.clone()];
+        b.sort();
+        b
+    };
     poll_until(MINUTE, "the migration to be created", || async {
-        widget_migrations(&cp).await == vec![name.clone()]
+        let mut got = widget_migrations(&cp).await;
+        got.sort();
+        got == both
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", leader.logs_text()));
@@ -403,7 +510,7 @@ async fn migrates_once_and_only_after_agreement_settles() {
     let lm = leader.metrics().await;
     assert_eq!(
         migration_metric(&lm, "created_total", &["result=\"created\""]),
-        1.0
+        2.0
     );
     assert_eq!(
         migration_metric(&follower.metrics().await, "created_total", &[]),
@@ -419,12 +526,14 @@ async fn migrates_once_and_only_after_agreement_settles() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     wait_passes(follower, 5.0).await;
-    assert_eq!(widget_migrations(&cp).await, vec![name.clone()]);
+    let mut got = widget_migrations(&cp).await;
+    got.sort();
+    assert_eq!(got, both);
     assert_eq!(
         migration_metric(&follower.metrics().await, "created_total", &[]),
         0.0
     );
-    assert_eq!(event_count(&cp, W_SV, "MigrationCreated").await, 1);
+    assert_eq!(event_count(&cp, W_SV, "MigrationCreated").await, 2);
     eprintln!("agreement test took {:?}", t_test.elapsed());
 }
 
@@ -520,7 +629,7 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
     let hook = start_replica(&cp, &certs, "1s").await;
     wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v1")).await;
     set(&cp, two_entries("v2", "v2", &["v1", "v2"], &["v1", "v2"])).await;
-    let name = svm::migration_name(W_SV, &format!("{W_GROUP}/v2"));
+    let name = svm::migration_name(W_SV, &format!("{W_GROUP}/v2"), 1);
     let failed = wait_phase(&cp, &name, Phase::Failed, 2 * MINUTE).await;
     assert!(
         failed.phase_message().contains("frozen"),

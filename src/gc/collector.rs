@@ -13,7 +13,11 @@
 //!    lease that is back, or a lookup that fails, removes nothing.
 //! 4. [`Term::act`]: each object naming a confirmed lease costs one write (the `/status` PUT with
 //!    the stored copy's resourceVersion, or the preconditioned DELETE); a conflict reads the
-//!    object again and retries. [`Term::send`] is the one place write errors are mapped.
+//!    object again, confirms again (after that read) the leases it still names, and retries.
+//!    [`Term::send`] is the one place write errors are mapped.
+//!
+//! The copies acted on come from one snapshot of the store taken before step 3, so each entry
+//! removed was written before its lease was seen gone (invariant I1 in docs/gc.md).
 //!
 //! Everything stops when the term's token is cancelled.
 
@@ -37,7 +41,9 @@ use super::metrics::{GcMetrics, InFlight, ReasonLabels, ResultLabels};
 use super::plan::{self, LeaseState, Plan, Reason, Removal};
 use super::stored::StoredSv;
 use crate::leases::{could_be_lease_name, LeaseChange, LeaseStore, StoreEvent};
-use crate::model::{LeaseLookup, LeaseRecord, StorageVersion, IDENTITY_LEASE_NAMESPACE};
+use crate::model::{
+    LeaseLookup, LeaseRecord, ServerStorageVersion, StorageVersion, IDENTITY_LEASE_NAMESPACE,
+};
 
 /// Settings of the collector (from [`super::GcArgs`]).
 #[derive(Clone, Debug)]
@@ -207,6 +213,9 @@ struct EventNote {
     reference: k8s_openapi::api::core::v1::ObjectReference,
     reason: &'static str,
     note: String,
+    /// The entries the write removed, as they were: given back if their apiserver turns out to
+    /// have come back during the batch ([`Term::give_back`]).
+    removed: Vec<ServerStorageVersion>,
 }
 
 impl Term {
@@ -293,12 +302,16 @@ impl Term {
                         self.wake.notify_one();
                     }
                     LeaseChange::Applied(name) => {
-                        // A suspect that came back changes what is due; with the expired-lease
-                        // grace, any change of a lease may move when it expires (a renewTime
-                        // set back), so the next pass recomputes its wake-up from the store.
-                        if self.c.cfg.expired_grace.is_some()
-                            || lock(&self.state).suspects.contains_key(name)
-                        {
+                        // A suspect that is back is forgotten now, so that its next absence
+                        // waits the whole grace again (even if it goes before the next pass).
+                        // With the expired-lease grace, any change of a lease may move when it
+                        // expires (a renewTime set back), so the next pass recomputes its
+                        // wake-up from the store.
+                        let was_suspect = lock(&self.state).suspects.contains_key(name);
+                        if was_suspect && self.looks_live(name) {
+                            lock(&self.state).suspects.remove(name);
+                        }
+                        if self.c.cfg.expired_grace.is_some() || was_suspect {
                             self.wake.notify_one();
                         }
                     }
@@ -306,6 +319,16 @@ impl Term {
                 },
             }
         }
+    }
+
+    /// Whether the lease store shows lease `id` live (present, an apiserver's, and not expired
+    /// beyond the expired-lease grace when that is on).
+    fn looks_live(&self, id: &str) -> bool {
+        let now = Timestamp::now();
+        let expired_grace = self.c.cfg.expired_grace;
+        self.c
+            .leases
+            .read(|leases| !judge_stored(leases.get(id), now, expired_grace).is_gone())
     }
 
     fn follow_up(&self, name: &str) {
@@ -378,17 +401,24 @@ impl Term {
 
     /// One pass: observe, pick what is due, confirm it live, act. Returns when the next pass is
     /// needed without a wake-up (`None`: only on one), or `None` if the term ended.
+    ///
+    /// The objects acted on are the copies in one snapshot of the store taken at the start,
+    /// before the confirming GETs: every entry in them was written before its lease was seen
+    /// gone, so no entry written by an apiserver that came back afterwards is judged by that
+    /// confirmation (invariant I1, docs/gc.md). A copy that is no longer current is refused by
+    /// its resourceVersion, and then read and confirmed again ([`Term::write_one`]).
     async fn pass(self: &Arc<Self>) -> Option<Option<Instant>> {
-        let observed = self.observe();
+        let snapshot = self.svs.state();
+        let observed = self.observe(&snapshot);
         self.c
             .metrics
             .stale_entries
             .set(i64::try_from(observed.stale_entries).unwrap_or(i64::MAX));
-        let due = self.due(&observed);
+        let due = self.due(&observed, &snapshot);
         if !due.is_empty() {
             let confirmed = self.confirm(&due).await?;
             if !confirmed.is_empty() {
-                self.act(&confirmed).await?;
+                self.act(&confirmed, &snapshot).await?;
             }
         }
         let grace = self.c.cfg.deletion_grace;
@@ -401,14 +431,13 @@ impl Term {
     }
 
     /// Step 1: what the stores show. No API call.
-    fn observe(&self) -> Observed {
+    fn observe(&self, svs: &[Arc<StoredSv>]) -> Observed {
         let now = Timestamp::now();
         let expired_grace = self.c.cfg.expired_grace;
-        let svs = self.svs.state();
         self.c.leases.read(|leases| {
             let mut seen = Observed::default();
             let mut judged: HashMap<&str, LeaseState> = HashMap::new();
-            for sv in &svs {
+            for sv in svs {
                 for e in &sv.status.known.storage_versions {
                     let id = e.api_server_id.as_str();
                     let record = leases.get(id);
@@ -435,9 +464,21 @@ impl Term {
     }
 
     /// Step 2: update the suspects from what was observed; return the IDs due for a live GET.
-    fn due(&self, observed: &Observed) -> Vec<String> {
+    fn due(&self, observed: &Observed, svs: &[Arc<StoredSv>]) -> Vec<String> {
         let now = Instant::now();
         let grace = self.c.cfg.deletion_grace;
+        // A deletion to follow up whose lease the store shows live again: back, forget it (its
+        // next absence waits the whole grace).
+        let follow_ups: Vec<String> = lock(&self.state)
+            .suspects
+            .iter()
+            .filter(|(id, s)| s.follow_up && !observed.gone.contains_key(*id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let back: BTreeSet<String> = follow_ups
+            .into_iter()
+            .filter(|id| self.looks_live(id))
+            .collect();
         let mut state = lock(&self.state);
         for (id, needs_grace) in &observed.gone {
             let s = state
@@ -449,11 +490,9 @@ impl Term {
         // Looks live again (and no deletion to follow up): forget it.
         state
             .suspects
-            .retain(|id, s| s.follow_up || observed.gone.contains_key(id));
+            .retain(|id, s| observed.gone.contains_key(id) || (s.follow_up && !back.contains(id)));
         // Objects changed since we acted on them: the stored copy is newer now.
-        let current: HashMap<String, Option<String>> = self
-            .svs
-            .state()
+        let current: HashMap<String, Option<String>> = svs
             .iter()
             .map(|sv| (sv.name().to_string(), sv.metadata.resource_version.clone()))
             .collect();
@@ -558,8 +597,12 @@ impl Term {
 
     /// Step 4: one write per object naming a confirmed lease (bounded concurrency). Suspects
     /// whose objects are all done are forgotten; the others retry later.
-    async fn act(self: &Arc<Self>, confirmed: &BTreeMap<String, Reason>) -> Option<()> {
-        let targets = self.targets(confirmed);
+    async fn act(
+        self: &Arc<Self>,
+        confirmed: &BTreeMap<String, Reason>,
+        snapshot: &[Arc<StoredSv>],
+    ) -> Option<()> {
+        let targets = self.targets(confirmed, snapshot);
         let now = plan::format_time(Timestamp::now());
         let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
             .map(|sv| {
@@ -575,6 +618,18 @@ impl Term {
             .into_iter()
             .collect::<Option<_>>()?;
         self.settle(confirmed, &outcomes);
+        let removed: Vec<(&str, &[ServerStorageVersion])> = outcomes
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Outcome::Changed(note) if !note.removed.is_empty() => {
+                    Some((note.name.as_str(), note.removed.as_slice()))
+                }
+                _ => None,
+            })
+            .collect();
+        if !removed.is_empty() {
+            self.give_back_if_returned(&removed).await?;
+        }
         // The record of the batch, after its writes: the Events do not hold up the collection,
         // nor compete with its writes at the apiserver.
         let notes = outcomes.into_iter().filter_map(|(_, o)| match o {
@@ -587,13 +642,111 @@ impl Term {
         Some(())
     }
 
+    /// After a batch: one more live GET per lease whose entries it removed. A lease that is
+    /// back was created before this GET, perhaps before some of the batch's writes, and its
+    /// apiserver may have written its unchanged entry in between: kube-apiserver short-circuits
+    /// a write that changes nothing, so the resourceVersion did not move and the precondition
+    /// let the removal through. Its removed entries are given back where it has none now (its
+    /// own newer entry always wins). `None` if the term ended.
+    async fn give_back_if_returned(
+        &self,
+        removed: &[(&str, &[ServerStorageVersion])],
+    ) -> Option<()> {
+        let ids: BTreeSet<&str> = removed
+            .iter()
+            .flat_map(|(_, entries)| entries.iter().map(|e| e.api_server_id.as_str()))
+            .collect();
+        let mut back = BTreeSet::new();
+        for id in ids {
+            let lookup = self.lookup(id).await?;
+            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
+            if !state.is_gone() && !matches!(state, LeaseState::Unknown(_)) {
+                back.insert(id);
+            }
+        }
+        if back.is_empty() {
+            return Some(());
+        }
+        tracing::info!(apiservers = ?back, "identity lease back during the batch; giving its removed entries back");
+        let now = plan::format_time(Timestamp::now());
+        for (name, entries) in removed {
+            let returned: Vec<ServerStorageVersion> = entries
+                .iter()
+                .filter(|e| back.contains(e.api_server_id.as_str()))
+                .cloned()
+                .collect();
+            if !returned.is_empty() {
+                self.give_back(name, &returned, &now).await?;
+            }
+        }
+        Some(())
+    }
+
+    /// Appends `entries` to object `name` where their apiserver has none now (read fresh, written
+    /// with its resourceVersion; a conflict reads again). An object the batch deleted is not
+    /// re-created: its apiserver writes it again at its next refresh.
+    async fn give_back(
+        &self,
+        name: &str,
+        entries: &[ServerStorageVersion],
+        now: &str,
+    ) -> Option<()> {
+        for attempt in 0..=MAX_CONFLICT_RETRIES {
+            let got = self
+                .call("GET storageversion", self.c.svs.get_opt(name))
+                .await?;
+            let fresh = match got {
+                Ok(Some(fresh)) => fresh.trim(),
+                Ok(None) => return Some(()),
+                Err(e) => {
+                    self.c.metrics.error("get_storage_version");
+                    tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion to give entries back");
+                    return Some(());
+                }
+            };
+            let Some(restored) = plan::restore(&fresh.to_model(), entries, now) else {
+                return Some(());
+            };
+            let body = fresh.with_status(restored.status);
+            let pp = PostParams::default();
+            let put = self.c.svs.replace_status(name, &pp, &body);
+            match self.call("PUT storageversion status", put).await? {
+                Ok(_) => {
+                    self.c.metrics.write("give_back", "ok");
+                    self.c.metrics.check("given_back");
+                    tracing::info!(
+                        storageversion = name,
+                        "gave back the entries of an apiserver that came back"
+                    );
+                    return Some(());
+                }
+                Err(e) if is_status(&e, 409) => {
+                    self.c.metrics.write("give_back", "conflict");
+                    self.cancellable(tokio::time::sleep(backoff(attempt + 1)))
+                        .await?;
+                }
+                Err(e) if is_status(&e, 404) => return Some(()),
+                Err(e) => {
+                    self.c.metrics.write("give_back", "error");
+                    self.c.metrics.error("give_back");
+                    tracing::warn!(storageversion = name, error = %e, "cannot give entries back");
+                    return Some(());
+                }
+            }
+        }
+        Some(())
+    }
+
     /// The stored objects naming a confirmed lease, but for those already acted on at their
     /// current resourceVersion.
-    fn targets(&self, confirmed: &BTreeMap<String, Reason>) -> Vec<Arc<StoredSv>> {
+    fn targets(
+        &self,
+        confirmed: &BTreeMap<String, Reason>,
+        snapshot: &[Arc<StoredSv>],
+    ) -> Vec<Arc<StoredSv>> {
         let state = lock(&self.state);
-        self.svs
-            .state()
-            .into_iter()
+        snapshot
+            .iter()
             .filter(|sv| {
                 let acted = state.acted.get(sv.name()).map(String::as_str);
                 acted.is_none() || acted != sv.resource_version()
@@ -605,6 +758,7 @@ impl Term {
                     .iter()
                     .any(|e| confirmed.contains_key(&e.api_server_id))
             })
+            .cloned()
             .collect()
     }
 
@@ -644,8 +798,13 @@ impl Term {
     ) -> Option<Outcome> {
         let _in_flight = InFlight::start(&self.c.metrics);
         let mut current = stored.clone();
+        let mut confirmed = confirmed.clone();
         for attempt in 0..=MAX_CONFLICT_RETRIES {
-            let decided = plan::plan(&current.to_model(), confirmed, now);
+            // A lease the watch has delivered back since the confirmation is back: its entries
+            // stay (no API call; the give-back after the batch covers what the watch had not
+            // delivered yet).
+            confirmed.retain(|id, _| !self.looks_live(id));
+            let decided = plan::plan(&current.to_model(), &confirmed, now);
             if matches!(decided, Plan::Nothing) {
                 self.c.metrics.check("unchanged");
                 self.mark_acted(stored);
@@ -678,7 +837,16 @@ impl Term {
                     return Some(Outcome::Retry);
                 }
                 Sent::Conflict => match self.reread(current.name(), attempt).await? {
-                    Ok(fresh) => current = fresh,
+                    // The object changed after the leases were confirmed: an apiserver may have
+                    // come back and written its entry again since. The confirmation holds only
+                    // for what was written before it, so confirm again, after this read.
+                    Ok(fresh) => match self.reconfirm(&fresh, &confirmed).await? {
+                        Some(still_gone) => {
+                            current = fresh;
+                            confirmed = still_gone;
+                        }
+                        None => return Some(Outcome::Retry),
+                    },
                     Err(outcome) => return Some(outcome),
                 },
             }
@@ -689,6 +857,43 @@ impl Term {
             "still conflicting; retrying later"
         );
         Some(Outcome::Retry)
+    }
+
+    /// After a re-read: one live GET per confirmed lease that `fresh` still names, each after
+    /// the read. Returns those still gone (`Some(None)`: a lookup failed, try at a later pass;
+    /// `None`: the term ended). A lease that is back is no longer a suspect.
+    async fn reconfirm(
+        &self,
+        fresh: &StoredSv,
+        confirmed: &BTreeMap<String, Reason>,
+    ) -> Option<Option<BTreeMap<String, Reason>>> {
+        let named: BTreeSet<&str> = fresh
+            .status
+            .known
+            .storage_versions
+            .iter()
+            .map(|e| e.api_server_id.as_str())
+            .filter(|id| confirmed.contains_key(*id))
+            .collect();
+        let mut still = BTreeMap::new();
+        for id in named {
+            let lookup = self.lookup(id).await?;
+            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
+            match (&state, state.reason()) {
+                (LeaseState::Unknown(e), _) => {
+                    tracing::warn!(apiserver = %id, error = %e, "cannot judge identity lease after a conflict; entries kept");
+                    return Some(None);
+                }
+                (_, Some(reason)) => {
+                    still.insert(id.to_string(), reason);
+                }
+                (_, None) => {
+                    tracing::info!(apiserver = %id, storageversion = fresh.name(), "identity lease is back; its entries are kept");
+                    lock(&self.state).suspects.remove(id);
+                }
+            }
+        }
+        Some(Some(still))
     }
 
     /// After a conflict: backs off, then reads the object again (`Err`: what became of it).
@@ -842,11 +1047,19 @@ impl Term {
                 format!("Removed the entries of {what}; commonEncodingVersion is now {common}"),
             )
         };
+        let removed = before
+            .status
+            .storage_versions
+            .iter()
+            .filter(|e| removed.iter().any(|r| r.id == e.api_server_id))
+            .cloned()
+            .collect();
         EventNote {
             name: sv.name().to_string(),
             reference: sv.object_ref(&()),
             reason,
             note,
+            removed,
         }
     }
 
@@ -857,6 +1070,7 @@ impl Term {
             reference,
             reason,
             note,
+            ..
         } = note;
         let event = Event {
             type_: EventType::Normal,

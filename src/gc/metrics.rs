@@ -136,7 +136,7 @@ impl GcMetrics {
         r.register("sweeps", "Full sweeps completed", m.sweeps.clone());
         r.register(
             "checks",
-            "StorageVersion checks by result (unchanged, rewritten, deleted, waiting, would_rewrite, would_delete, gone, error, cancelled)",
+            "StorageVersion checks by result (unchanged, rewritten, deleted, waiting, would_rewrite, would_delete, gone, given_back, error, cancelled)",
             m.checks.clone(),
         );
         r.register(

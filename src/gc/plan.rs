@@ -243,6 +243,34 @@ pub fn plan(sv: &StorageVersion, remove: &BTreeMap<String, Reason>, now: &str) -
 }
 
 /// `now` as kube-apiserver writes a `metav1.Time`: RFC 3339, whole seconds, UTC.
+/// The object with `entries` given back: each whose apiServerID has no entry now is appended
+/// (in order), and the common version and condition are recomputed. None when every one has an
+/// entry already (its apiserver wrote again meanwhile: its own entry wins).
+pub fn restore(
+    sv: &StorageVersion,
+    entries: &[crate::model::ServerStorageVersion],
+    now: &str,
+) -> Option<StorageVersion> {
+    let mut object = sv.clone();
+    let mut added = false;
+    for e in entries {
+        if !object
+            .status
+            .storage_versions
+            .iter()
+            .any(|have| have.api_server_id == e.api_server_id)
+        {
+            object.status.storage_versions.push(e.clone());
+            added = true;
+        }
+    }
+    if !added {
+        return None;
+    }
+    set_common_encoding_version(&mut object, now);
+    Some(object)
+}
+
 pub fn format_time(now: Timestamp) -> String {
     now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
@@ -284,6 +312,19 @@ mod tests {
             .iter()
             .map(|e| e.api_server_id.as_str())
             .collect()
+    }
+
+    #[test]
+    fn restore_gives_back_only_what_is_missing() {
+        let now_sv = sv(&[("a", "v2")], Some("v2"));
+        let back = entry("b", "v1");
+        let restored = restore(&now_sv, std::slice::from_ref(&back), NOW).expect("b is missing");
+        assert_eq!(ids(&restored), vec!["a", "b"]);
+        assert_eq!(restored.status.common_encoding_version, None);
+        assert_eq!(cond(&restored).status, "False");
+        // b wrote again meanwhile: its own entry wins, nothing to give back.
+        let written = sv(&[("a", "v2"), ("b", "v2")], Some("v2"));
+        assert!(restore(&written, &[back], NOW).is_none());
     }
 
     fn cond(sv: &StorageVersion) -> &StorageVersionCondition {

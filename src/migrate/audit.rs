@@ -9,7 +9,7 @@ use kube::api::{Api, ListParams};
 use serde::Serialize;
 
 use super::decide::{self, Agreement};
-use super::state::Memory;
+use super::state::{Memory, Record};
 use super::svm::{self, Phase, StorageVersionMigration};
 use crate::model::StorageVersion;
 
@@ -24,16 +24,17 @@ pub struct AuditMigrateArgs {
     pub migrate_state_configmap: String,
 }
 
-/// One resource whose stored objects may still be in an older version.
+/// One resource whose stored objects may still be in another version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct StaleStorage {
     pub storage_version: String,
     /// The version every apiserver encodes now (None: they disagree).
     pub encoding_version: Option<String>,
-    /// The version last agreed on, before the change.
-    pub last_agreed: String,
-    /// The migration to the current version, if any, and where it stands.
+    /// The versions objects may be stored in besides it (`unknown` for a disagreement seen only
+    /// by its traces).
+    pub other_versions: String,
+    /// The last migration begun for it, if any, and where it stands.
     pub migration: Option<String>,
     pub phase: Option<&'static str>,
     /// What is going on, for people.
@@ -42,9 +43,13 @@ pub struct StaleStorage {
     pub fix: String,
 }
 
-/// Judges every StorageVersion against the remembered versions and the migrations. A resource
-/// never remembered (the trigger never ran, or it has agreed on one version ever since) is not
-/// listed. Pure.
+/// Judges every StorageVersion against what the trigger remembers and the migrations (all of
+/// them: one made by hand counts too). A resource is listed until a migration that began after
+/// its entries last disagreed has succeeded: while its entries disagree, when they agree but
+/// something may be stored in another version and no migration has begun since, and while the
+/// last migration has not succeeded (failed, running, or gone) and no later one of the same
+/// resource has. A resource never remembered (the trigger never ran) is not listed. Pure; it
+/// folds in what is seen now exactly as the trigger does ([`Record::observe`]).
 pub fn judge(
     svs: &[StorageVersion],
     memory: &Memory,
@@ -55,72 +60,108 @@ pub fn judge(
     let mut out = Vec::new();
     for sv in svs {
         let name = sv.name();
-        let Some(last) = memory.get(name) else {
+        let Some(previous) = memory.get(name) else {
             continue;
         };
         let Some(gr) = svm::group_resource(name) else {
             continue;
         };
+        let record = Record::observe(Some(previous), sv.metadata.uid.as_deref(), &sv.status);
         let create = create_command(name, &gr);
-        match decide::agreement(&sv.status) {
-            Agreement::Agreed(v) if &v != last => out.push(StaleStorage {
+        let stale =
+            |encoding: Option<String>, others: String, problem: String, fix: String| StaleStorage {
                 storage_version: name.to_string(),
-                encoding_version: Some(v.clone()),
-                last_agreed: last.clone(),
-                migration: None,
+                encoding_version: encoding,
+                other_versions: others,
+                migration: record.migration.clone(),
                 phase: None,
-                problem: format!(
-                    "every apiserver now encodes {v} (last agreed: {last}); objects written before may still be stored as {last}, and no migration was created yet (serve --migrate creates it after the settle time)"
-                ),
-                fix: create,
-            }),
-            Agreement::Agreed(v) => {
-                let mname = svm::migration_name(name, &v);
-                let Some(m) = by_name.get(mname.as_str()) else {
-                    continue; // agreed on this version since it was first seen
-                };
-                let phase = m.phase();
-                let newer_success = migrations.iter().any(|o| {
-                    o.spec.resource == gr
-                        && o.phase() == Phase::Succeeded
-                        && o.metadata.creation_timestamp >= m.metadata.creation_timestamp
-                });
-                if phase == Phase::Succeeded || newer_success {
-                    continue;
-                }
-                let (problem, fix) = if phase == Phase::Failed {
-                    (
-                        format!(
-                            "migration {mname} to {v} failed: {}; objects may still be stored as {last}",
-                            m.phase_message()
-                        ),
-                        format!("fix the cause, then: {create}"),
-                    )
-                } else {
-                    (
-                        format!("migration {mname} to {v} is {}", phase.as_str()),
-                        format!("kubectl get storageversionmigration {mname} -o yaml  # wait for Succeeded"),
-                    )
-                };
-                out.push(StaleStorage {
-                    storage_version: name.to_string(),
-                    encoding_version: Some(v.clone()),
-                    last_agreed: last.clone(),
-                    migration: Some(mname),
-                    phase: Some(phase.as_str()),
-                    problem,
-                    fix,
-                });
+                problem,
+                fix,
+            };
+        let agreed = match decide::agreement(&sv.status) {
+            Agreement::Agreed(v) | Agreement::NotDecodable { version: v, .. } => v,
+            Agreement::Disagree if sv.status.storage_versions.is_empty() => continue,
+            Agreement::Disagree => {
+                let versions: std::collections::BTreeSet<&str> = sv
+                    .status
+                    .storage_versions
+                    .iter()
+                    .map(|e| e.encoding_version.as_str())
+                    .collect();
+                let list = versions.into_iter().collect::<Vec<_>>().join(", ");
+                out.push(stale(
+                    None,
+                    list.clone(),
+                    format!(
+                        "apiservers encode different versions ({list}): objects are being stored in more than one; serve --migrate begins a migration once they agree for the settle time"
+                    ),
+                    "finish (or roll back) the upgrade; then wait for the migration".to_string(),
+                ));
+                continue;
             }
-            Agreement::Disagree | Agreement::NotDecodable { .. } => {}
+        };
+        if record.needs_migration_to(&agreed) {
+            let others = record.others(&agreed);
+            out.push(stale(
+                Some(agreed.clone()),
+                others.clone(),
+                format!(
+                    "every apiserver now encodes {agreed}, but objects written since the last migration began may be stored as {others}, and no migration has begun since (serve --migrate begins one after the settle time)"
+                ),
+                create.clone(),
+            ));
+            continue;
         }
+        let Some(mname) = record.migration.clone() else {
+            continue; // agreed on one version since it was first seen
+        };
+        if record.succeeded {
+            continue;
+        }
+        let Some(m) = by_name.get(mname.as_str()) else {
+            out.push(stale(
+                Some(agreed.clone()),
+                String::new(),
+                format!("migration {mname} was begun but does not exist (never created, or deleted before it succeeded)"),
+                create.clone(),
+            ));
+            continue;
+        };
+        let phase = m.phase();
+        let later_success = migrations.iter().any(|o| {
+            o.spec.resource == gr
+                && o.phase() == Phase::Succeeded
+                && o.metadata.creation_timestamp >= m.metadata.creation_timestamp
+        });
+        if phase == Phase::Succeeded || later_success {
+            continue;
+        }
+        let (problem, fix) = if phase == Phase::Failed {
+            (
+                format!(
+                    "migration {mname} to {agreed} failed: {}; objects may still be stored in other versions",
+                    m.phase_message()
+                ),
+                format!("fix the cause, then: {create}"),
+            )
+        } else {
+            (
+                format!("migration {mname} to {agreed} is {}", phase.as_str()),
+                format!(
+                    "kubectl get storageversionmigration {mname} -o yaml  # wait for Succeeded"
+                ),
+            )
+        };
+        let mut s = stale(Some(agreed.clone()), String::new(), problem, fix);
+        s.phase = Some(phase.as_str());
+        out.push(s);
     }
     out
 }
 
 /// The kubectl command that creates a fresh migration of `gr` (a new name each time).
 pub fn create_command(storageversion: &str, gr: &svm::GroupResource) -> String {
-    let prefix = svm::migration_name(storageversion, "manual");
+    let prefix = svm::manual_prefix(storageversion);
     format!(
         "kubectl create -f - <<'EOF'\napiVersion: {}\nkind: {}\nmetadata:\n  generateName: {prefix}-\nspec:\n  resource:\n    group: \"{}\"\n    resource: {}\nEOF",
         svm::API_VERSION,
@@ -130,7 +171,7 @@ pub fn create_command(storageversion: &str, gr: &svm::GroupResource) -> String {
     )
 }
 
-/// Reads the state ConfigMap and our migrations, and judges `svs`. A cluster without the
+/// Reads the state ConfigMap and the migrations, and judges `svs`. A cluster without the
 /// storagemigration.k8s.io/v1 API or without the ConfigMap has nothing to report.
 pub async fn fetch(
     client: kube::Client,
@@ -146,13 +187,9 @@ pub async fn fetch(
     if memory.is_empty() {
         return Ok(Vec::new());
     }
+    // Every migration, not only ours: one made by hand with the printed command counts too.
     let api: Api<StorageVersionMigration> = Api::all(client);
-    let lp = ListParams::default().labels(&format!(
-        "{}={}",
-        svm::MANAGED_BY_LABEL,
-        svm::MANAGED_BY_VALUE
-    ));
-    let migrations = match api.list(&lp).await {
+    let migrations = match api.list(&ListParams::default()).await {
         Ok(l) => l.items,
         Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
         Err(e) => {
@@ -244,41 +281,76 @@ mod tests {
         .expect("migration")
     }
 
+    fn remembered(agreed: &str, written: &[&str], migration: Option<&str>) -> Record {
+        Record {
+            agreed: Some(agreed.into()),
+            written: written.iter().map(|w| w.to_string()).collect(),
+            migration: migration.map(str::to_string),
+            sequence: u64::from(migration.is_some()),
+            created: migration.is_some(),
+            ..Record::default()
+        }
+    }
+
+    fn memory(records: &[(&str, Record)]) -> Memory {
+        records
+            .iter()
+            .map(|(k, r)| (k.to_string(), r.clone()))
+            .collect()
+    }
+
     #[test]
-    fn lists_changed_unmigrated_and_failed_resources_only() {
-        let memory: Memory = [
-            ("g.things".to_string(), "g/v1beta1".to_string()),
-            ("g.others".to_string(), "g/v1".to_string()),
-        ]
-        .into_iter()
-        .collect();
+    fn lists_mixed_unmigrated_and_failed_resources_only() {
+        let m = memory(&[
+            ("g.things", remembered("g/v1beta1", &["g/v1beta1"], None)),
+            ("g.others", remembered("g/v1", &["g/v1"], None)),
+        ]);
         // Changed and not migrated yet.
-        let r = judge(&[sv("g.things", &["g/v1", "g/v1"])], &memory, &[]);
+        let r = judge(&[sv("g.things", &["g/v1", "g/v1"])], &m, &[]);
         assert_eq!(r.len(), 1);
+        assert_eq!(r[0].other_versions, "g/v1beta1");
         assert!(r[0].fix.contains("kind: StorageVersionMigration"));
         assert!(r[0].fix.contains("resource: things"));
-        // Disagreeing: not (yet) a finding.
-        assert!(judge(&[sv("g.things", &["g/v1", "g/v1beta1"])], &memory, &[]).is_empty());
+        assert!(r[0].fix.contains("generateName: g.things-manual-"));
+        // Disagreeing: objects are being written in two versions.
+        let r = judge(&[sv("g.things", &["g/v1", "g/v1beta1"])], &m, &[]);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].encoding_version, None);
         // Unchanged and never migrated, or never remembered: nothing.
         assert!(judge(
             &[sv("g.others", &["g/v1"]), sv("g.new", &["g/v1"])],
-            &memory,
+            &m,
             &[]
         )
         .is_empty());
-        // Migrated: remembered == agreed, migration succeeded.
-        let done: Memory = [("g.things".to_string(), "g/v1".to_string())]
-            .into_iter()
-            .collect();
+        // Migrated: begun after the last disagreement and succeeded.
+        let done = memory(&[(
+            "g.things",
+            remembered("g/v1", &["g/v1"], Some("g.things-v1-1")),
+        )]);
         let ok = mig(
-            "g.things-v1",
+            "g.things-v1-1",
             "2026-01-01T00:00:00Z",
             Some(("Succeeded", "done")),
         );
-        assert!(judge(&[sv("g.things", &["g/v1"])], &done, &[ok]).is_empty());
+        assert!(judge(
+            &[sv("g.things", &["g/v1"])],
+            &done,
+            std::slice::from_ref(&ok)
+        )
+        .is_empty());
+        // Defect 3: written in v1beta1 again after that migration (a rollback): listed again,
+        // although an older migration to v1 succeeded.
+        let again = memory(&[(
+            "g.things",
+            remembered("g/v1", &["g/v1", "g/v1beta1"], Some("g.things-v1-1")),
+        )]);
+        let r = judge(&[sv("g.things", &["g/v1"])], &again, &[ok]);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert_eq!(r[0].other_versions, "g/v1beta1");
         // Failed: listed with the fix; a later successful manual migration clears it.
         let failed = mig(
-            "g.things-v1",
+            "g.things-v1-1",
             "2026-01-01T00:00:00Z",
             Some(("Failed", "denied")),
         );
@@ -305,12 +377,16 @@ mod tests {
         .is_empty());
         // Running: listed, with the command to watch it.
         let running = mig(
-            "g.things-v1",
+            "g.things-v1-1",
             "2026-01-01T00:00:00Z",
             Some(("Running", "1/2")),
         );
         let r = judge(&[sv("g.things", &["g/v1"])], &done, &[running]);
         assert_eq!(r[0].phase, Some("running"));
+        // Begun but gone before it succeeded: listed with the command that makes a new one.
+        let r = judge(&[sv("g.things", &["g/v1"])], &done, &[]);
+        assert_eq!(r.len(), 1);
+        assert!(r[0].problem.contains("does not exist"), "{}", r[0].problem);
         assert!(render_text(&[]).is_empty());
     }
 }

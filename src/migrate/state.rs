@@ -1,7 +1,8 @@
-//! Where the last agreed version of each resource is remembered across restarts and leaders: one
-//! ConfigMap (default `storageversion-webhook-migrate`, in the leader Lease's namespace) whose
-//! data maps each StorageVersion name to the encoding version last agreed on. StorageVersion
-//! names are valid ConfigMap keys (`<group>.<resource>`).
+//! Where what the trigger knows about each resource is remembered across restarts and leaders:
+//! one ConfigMap (default `storageversion-webhook-migrate`, in the leader Lease's namespace) whose
+//! data maps each StorageVersion name to its [`Record`] as JSON. StorageVersion names are valid
+//! ConfigMap keys (`<group>.<resource>`). A value that is not JSON is the format of earlier
+//! releases, the bare version last agreed on, and reads as a record of just that.
 //!
 //! Only the leader writes it, with server-side apply (field manager
 //! `storageversion-webhook-migrate`, forced): no read-modify-write race with itself, and the
@@ -11,6 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::Context;
+
+pub use super::decide::Record;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 
@@ -18,8 +21,35 @@ use kube::api::{Api, Patch, PatchParams};
 pub const FIELD_MANAGER: &str = "storageversion-webhook-migrate";
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// StorageVersion name -> encoding version last agreed on.
-pub type Memory = BTreeMap<String, String>;
+/// StorageVersion name -> what is remembered about it.
+pub type Memory = BTreeMap<String, Record>;
+
+/// One ConfigMap value as a record: JSON, or an earlier release's bare version.
+pub fn parse(value: &str) -> Record {
+    if value.trim_start().starts_with('{') {
+        if let Ok(r) = serde_json::from_str(value) {
+            return r;
+        }
+    }
+    let v = value.trim();
+    if v.is_empty() || v.starts_with('{') {
+        // Unreadable: remember nothing, so the next observation starts afresh.
+        return Record::default();
+    }
+    Record {
+        agreed: Some(v.to_string()),
+        written: [v.to_string()].into_iter().collect(),
+        ..Record::default()
+    }
+}
+
+/// The ConfigMap's data for a memory.
+pub fn data(memory: &Memory) -> BTreeMap<String, String> {
+    memory
+        .iter()
+        .map(|(k, r)| (k.clone(), serde_json::to_string(r).unwrap_or_default()))
+        .collect()
+}
 
 /// Reads the memory; a missing ConfigMap is an empty memory. Errors name the ConfigMap.
 pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<Memory> {
@@ -28,7 +58,15 @@ pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow:
         .await
         .with_context(|| format!("reading ConfigMap {namespace}/{name} timed out"))?
         .with_context(|| format!("cannot read ConfigMap {namespace}/{name}"))?;
-    Ok(got.and_then(|cm| cm.data).unwrap_or_default())
+    Ok(got
+        .and_then(|cm| cm.data)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let r = parse(&v);
+            (k, r)
+        })
+        .collect())
 }
 
 /// Writes the whole memory (creating the ConfigMap if needed).
@@ -48,11 +86,12 @@ pub async fn save(
             "labels": {"app.kubernetes.io/managed-by": "storageversion-webhook"},
             "annotations": {
                 "storageversion-webhook.io/description":
-                    "StorageVersion name -> encoding version all apiservers last agreed on; \
-                     a migration is created when the agreed version changes (serve --migrate)"
+                    "StorageVersion name -> what serve --migrate knows of it: the version all \
+                     apiservers last agreed on, the versions written since the last migration \
+                     began, and that migration"
             },
         },
-        "data": memory,
+        "data": data(memory),
     });
     let params = PatchParams::apply(FIELD_MANAGER).force();
     tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(&cm)))
@@ -60,4 +99,24 @@ pub async fn save(
         .with_context(|| format!("writing ConfigMap {namespace}/{name} timed out"))?
         .with_context(|| format!("cannot write ConfigMap {namespace}/{name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_of_earlier_releases_and_of_this_one() {
+        let old = parse("g/v1beta1");
+        assert_eq!(old.agreed.as_deref(), Some("g/v1beta1"));
+        assert!(old.written.contains("g/v1beta1") && !old.needs_migration_to("g/v1beta1"));
+        assert!(old.needs_migration_to("g/v1"));
+        let memory: Memory = [("g.things".to_string(), old.clone())]
+            .into_iter()
+            .collect();
+        let text = data(&memory);
+        assert_eq!(parse(&text["g.things"]), old);
+        assert_eq!(parse("{not json"), Record::default());
+        assert_eq!(parse(""), Record::default());
+    }
 }

@@ -23,12 +23,16 @@ pub const MANAGED_BY_VALUE: &str = "storageversion-webhook";
 pub const ANNOTATION_STORAGEVERSION: &str = "storageversion-webhook.io/storageversion";
 pub const ANNOTATION_VERSION: &str = "storageversion-webhook.io/encoding-version";
 pub const ANNOTATION_PREVIOUS: &str = "storageversion-webhook.io/previous-encoding-version";
+/// The migration's number among those begun for its StorageVersion (the end of its name).
+pub const ANNOTATION_SEQUENCE: &str = "storageversion-webhook.io/sequence";
 /// Set once the migration's outcome has been reported (Event, log), so that a restart or a new
 /// leader does not report it again.
 pub const ANNOTATION_REPORTED: &str = "storageversion-webhook.io/reported";
 
 /// Longest object name (a DNS-1123 subdomain).
 const MAX_NAME: usize = 253;
+/// Room left for the random suffix kube-apiserver appends to a `generateName`.
+const GENERATED_SUFFIX: usize = 5;
 
 crate::model::object_struct! {
     pub struct StorageVersionMigration {
@@ -185,38 +189,50 @@ pub fn group_resource(storageversion: &str) -> Option<GroupResource> {
     })
 }
 
-/// The one name of the migration of StorageVersion `storageversion` to `version` (`group/v` or
-/// `v`): `<storageversion>-<v>`, so that a restart or another replica finds the migration
-/// instead of creating a second one. Names too long or with characters a name cannot hold end
-/// in a stable hash instead.
-pub fn migration_name(storageversion: &str, version: &str) -> String {
+/// The name of migration number `sequence` of StorageVersion `storageversion` to `version`
+/// (`group/v` or `v`): `<storageversion>-<v>-<sequence>`, e.g. `core.pods-v1-2`. The number
+/// comes from the state ConfigMap, so a new need never takes an older migration's name, while a
+/// restart or another replica that begins the same migration finds it instead of creating a
+/// second. Names that would be too long or not a DNS subdomain end in a stable hash instead.
+pub fn migration_name(storageversion: &str, version: &str, sequence: u64) -> String {
     let v = version.rsplit('/').next().unwrap_or(version);
-    let plain = format!("{storageversion}-{v}");
-    let clean = plain.len() <= MAX_NAME
-        && v.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        && !v.is_empty()
-        && storageversion
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
-        && storageversion
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric());
-    if clean {
-        return plain;
+    object_name(&format!("{storageversion}-{v}-{sequence}"))
+}
+
+/// The `generateName` prefix of a migration made by hand (`audit`'s fix).
+pub fn manual_prefix(storageversion: &str) -> String {
+    object_name(&format!("{storageversion}-manual"))
+}
+
+/// `plain` if it is a DNS-1123 subdomain (with room for a `generateName` suffix), else a valid
+/// name made of its characters and a stable hash.
+fn object_name(plain: &str) -> String {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if plain.len() <= MAX_NAME - GENERATED_SUFFIX && plain.split('.').all(label_ok) {
+        return plain.to_string();
     }
     let hash = format!("{:016x}", fnv1a(plain.as_bytes()));
-    let prefix: String = plain
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '.' | '-' => c,
+    let mut prefix = String::new();
+    for c in plain.chars() {
+        if prefix.len() + hash.len() + 1 >= MAX_NAME - GENERATED_SUFFIX {
+            break;
+        }
+        let c = match c {
+            'a'..='z' | '0'..='9' => c,
             'A'..='Z' => c.to_ascii_lowercase(),
             _ => '-',
-        })
-        .take(MAX_NAME - hash.len() - 1)
-        .collect();
-    let prefix = prefix.trim_matches(|c| c == '-' || c == '.');
+        };
+        if !(c == '-' && prefix.ends_with('-')) {
+            prefix.push(c);
+        }
+    }
+    let prefix = prefix.trim_matches('-');
     if prefix.is_empty() {
         format!("svw-{hash}")
     } else {
@@ -238,34 +254,48 @@ fn fnv1a(data: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
+    fn is_dns_subdomain(n: &str) -> bool {
+        n.len() <= MAX_NAME
+            && n.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    }
+
     #[test]
-    fn names_are_deterministic_and_valid() {
+    fn names_are_deterministic_valid_and_never_reused() {
         assert_eq!(
             migration_name(
                 "admissionregistration.k8s.io.mutatingadmissionpolicies",
-                "admissionregistration.k8s.io/v1"
+                "admissionregistration.k8s.io/v1",
+                1
             ),
-            "admissionregistration.k8s.io.mutatingadmissionpolicies-v1"
+            "admissionregistration.k8s.io.mutatingadmissionpolicies-v1-1"
         );
-        assert_eq!(migration_name("core.pods", "v1"), "core.pods-v1");
+        assert_eq!(migration_name("core.pods", "v1", 2), "core.pods-v1-2");
+        // A new need (a new number) never takes an older migration's name.
         assert_ne!(
-            migration_name("core.pods", "v1"),
-            migration_name("core.pods", "v2")
+            migration_name("core.pods", "v1", 1),
+            migration_name("core.pods", "v1", 2)
+        );
+        assert_ne!(
+            migration_name("core.pods", "v1", 1),
+            migration_name("core.pods", "v2", 1)
         );
         let long = format!("{}.things", "a".repeat(300));
-        let n = migration_name(&long, "g/v1");
-        assert!(n.len() <= MAX_NAME, "{}", n.len());
-        assert_eq!(n, migration_name(&long, "g/v1"));
-        assert_ne!(n, migration_name(&long, "g/v2"));
-        let odd = migration_name("Weird_Name.x", "g/V1+x");
-        assert!(odd
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'));
-        assert!(odd
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphanumeric()));
-        assert!(migration_name("___", "___").starts_with("svw-"));
+        let n = migration_name(&long, "g/v1", 1);
+        assert!(is_dns_subdomain(&n), "{n}");
+        assert_eq!(n, migration_name(&long, "g/v1", 1));
+        assert_ne!(n, migration_name(&long, "g/v2", 1));
+        assert_ne!(n, migration_name(&long, "g/v1", 2));
+        let odd = migration_name("Weird_Name.x", "g/V1+x", 3);
+        assert!(is_dns_subdomain(&odd), "{odd}");
+        assert!(is_dns_subdomain(&migration_name("___", "___", 1)));
+        assert_eq!(manual_prefix("core.pods"), "core.pods-manual");
+        assert!(manual_prefix(&long).len() + GENERATED_SUFFIX <= MAX_NAME);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, Decision, Seen};
 use super::metrics::{MigrateMetrics, PhaseLabels, ResultLabels, StateLabels};
-use super::state::{self, Memory};
+use super::state::{self, Memory, Record};
 use super::svm::{self, Phase, StorageVersionMigration};
 use crate::model::{self, StorageVersion};
 
@@ -114,7 +114,7 @@ impl Trigger {
             };
             term.cancel();
             if ended_by_election {
-                // Let the term finish what it is writing (each call is bounded).
+                // The term's pass returns at its next await (bounded, in case).
                 let _ = tokio::time::timeout(CALL_TIMEOUT * 2, &mut work).await;
                 tracing::info!("no longer leading: storage migration trigger stopped");
             }
@@ -127,7 +127,14 @@ impl Trigger {
     async fn lead(self: Arc<Self>, term: CancellationToken) {
         let mut t = Term::default();
         loop {
-            self.pass(&mut t, &term).await;
+            // The pass is dropped the moment leadership ends: a replica that no longer leads
+            // sends no further write (a request already on the wire is the one exception; the
+            // leader Lease's grace is there for it).
+            tokio::select! {
+                biased;
+                () = term.cancelled() => return,
+                () = self.pass(&mut t, &term) => {}
+            }
             tokio::select! {
                 () = term.cancelled() => return,
                 () = tokio::time::sleep(self.cfg.interval) => {}
@@ -158,6 +165,8 @@ impl Trigger {
                 return;
             }
         };
+        // Our migrations, before deciding: a new one's number must be above every existing one's.
+        let ours = self.list_ours().await;
         let now = Instant::now();
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
         let present: HashSet<&str> = svs.iter().map(|s| s.name()).collect();
@@ -167,31 +176,36 @@ impl Trigger {
                 return;
             }
             let name = sv.name().to_string();
+            let previous = t.memory.as_ref().and_then(|m| m.get(&name)).cloned();
+            let mut record =
+                Record::observe(previous.as_ref(), sv.metadata.uid.as_deref(), &sv.status);
+            if let (Some(list), Some(m)) = (&ours, record.migration.clone()) {
+                match list.iter().find(|o| o.name() == m) {
+                    Some(o) => {
+                        record.created = true;
+                        record.succeeded |= o.phase() == Phase::Succeeded;
+                    }
+                    None if !record.created => {
+                        // Begun (recorded) by a leader that stopped before creating it.
+                        let to = record.agreed.clone().unwrap_or_default();
+                        record.created = self.create(sv, &m, record.sequence, "unknown", &to).await;
+                    }
+                    None => {}
+                }
+            }
             let seen = Seen::observe(t.seen.get(&name), decide::agreement(&sv.status), now);
-            let remembered = t.memory.as_ref().and_then(|m| m.get(&name)).cloned();
-            let decision = decide::decide(remembered.as_deref(), &seen, now, self.cfg.settle);
+            let decision = decide::decide(&record, &seen, now, self.cfg.settle);
             t.seen.insert(name.clone(), seen);
             *counts.entry(state_label(&decision)).or_default() += 1;
             self.log_decision(t, &name, &decision);
-            match decision {
-                Decision::Remember { version } => {
-                    if let Some(m) = t.memory.as_mut() {
-                        m.insert(name, version);
-                        t.dirty = true;
-                    }
+            if let (Decision::Migrate { from, to }, Some(list)) = (&decision, &ours) {
+                record = self.begin(t, sv, record, list, from, to).await;
+            }
+            if previous.as_ref() != Some(&record) {
+                if let Some(m) = t.memory.as_mut() {
+                    m.insert(name, record);
+                    t.dirty = true;
                 }
-                Decision::Migrate { from, to } => {
-                    if self.create(sv, &from, &to).await {
-                        if let Some(m) = t.memory.as_mut() {
-                            m.insert(name, to);
-                            t.dirty = true;
-                        }
-                    }
-                }
-                Decision::UpToDate
-                | Decision::WaitDisagree
-                | Decision::BlockedNotDecodable { .. }
-                | Decision::WaitSettle { .. } => {}
             }
         }
         for s in ["up_to_date", "settling", "disagree", "not_decodable"] {
@@ -200,19 +214,69 @@ impl Trigger {
                 .get_or_create(&StateLabels { state: s })
                 .set(counts.get(s).copied().unwrap_or(0));
         }
-        if t.dirty {
-            if let Some(m) = &t.memory {
-                match state::save(&self.client, &self.cfg.namespace, &self.cfg.configmap, m).await {
-                    Ok(()) => t.dirty = false,
-                    Err(e) => {
-                        self.metrics.error("write_state");
-                        tracing::warn!(error = %format!("{e:#}"), "cannot write the migration state; retrying next pass");
-                    }
-                }
+        self.save_if_dirty(t).await;
+        if let Some(list) = ours {
+            self.follow_migrations(t, &list, &svs).await;
+        }
+        self.metrics.checks.inc();
+    }
+
+    /// Begins migration number n+1 of `sv`: records it in the state ConfigMap first (so that no
+    /// leader ever begins a second one for the same need, nor reuses a name), then creates it.
+    /// Returns the record to keep: begun, or as it was if the state could not be written.
+    async fn begin(
+        &self,
+        t: &mut Term,
+        sv: &StorageVersion,
+        record: Record,
+        ours: &[StorageVersionMigration],
+        from: &str,
+        to: &str,
+    ) -> Record {
+        let name = sv.name();
+        let highest = ours
+            .iter()
+            .filter(|m| m.annotation(svm::ANNOTATION_STORAGEVERSION) == Some(name))
+            .filter_map(|m| m.annotation(svm::ANNOTATION_SEQUENCE)?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        let sequence = record.sequence.max(highest).saturating_add(1);
+        let mname = svm::migration_name(name, to, sequence);
+        let mut begun = record.begin(to, &mname, sequence);
+        let Some(memory) = t.memory.as_mut() else {
+            return record;
+        };
+        memory.insert(name.to_string(), begun.clone());
+        t.dirty = true;
+        if !self.save_if_dirty(t).await {
+            if let Some(memory) = t.memory.as_mut() {
+                memory.insert(name.to_string(), record.clone());
+            }
+            return record;
+        }
+        begun.created = self.create(sv, &mname, sequence, from, to).await;
+        begun
+    }
+
+    /// Writes the memory if it changed; true when it is saved.
+    async fn save_if_dirty(&self, t: &mut Term) -> bool {
+        if !t.dirty {
+            return true;
+        }
+        let Some(m) = &t.memory else {
+            return false;
+        };
+        match state::save(&self.client, &self.cfg.namespace, &self.cfg.configmap, m).await {
+            Ok(()) => {
+                t.dirty = false;
+                true
+            }
+            Err(e) => {
+                self.metrics.error("write_state");
+                tracing::warn!(error = %format!("{e:#}"), "cannot write the migration state; retrying next pass");
+                false
             }
         }
-        self.follow_migrations(t, &svs).await;
-        self.metrics.checks.inc();
     }
 
     fn log_decision(&self, t: &mut Term, name: &str, d: &Decision) {
@@ -238,14 +302,11 @@ impl Trigger {
                 remaining,
             } => tracing::info!(
                 storageversion = name, from = %from, to = %to, remaining = ?remaining,
-                "apiservers agree on a new encoding version; migrating once it has held for the settle time"
+                "objects may be stored in other versions; migrating once the agreement has held for the settle time"
             ),
             Decision::BlockedNotDecodable { version, apiserver } => tracing::warn!(
                 storageversion = name, version = %version, apiserver = %apiserver,
                 "apiservers agree on a version one of them cannot decode; no migration"
-            ),
-            Decision::Remember { version } => tracing::info!(
-                storageversion = name, version = %version, "remembering the agreed encoding version"
             ),
             Decision::WaitDisagree if t.logged.contains_key(name) => tracing::info!(
                 storageversion = name,
@@ -256,9 +317,16 @@ impl Trigger {
         t.logged.insert(name.to_string(), key);
     }
 
-    /// Creates the migration of `sv` to `to`; true when it exists afterwards (created now or
-    /// before, by us or another replica).
-    async fn create(&self, sv: &StorageVersion, from: &str, to: &str) -> bool {
+    /// Creates migration `mname` (number `sequence`) of `sv` to `to`; true when it exists
+    /// afterwards (created now or before, by us or another replica).
+    async fn create(
+        &self,
+        sv: &StorageVersion,
+        mname: &str,
+        sequence: u64,
+        from: &str,
+        to: &str,
+    ) -> bool {
         let name = sv.name();
         let Some(gr) = svm::group_resource(name) else {
             self.metrics.error("create_migration");
@@ -268,7 +336,6 @@ impl Trigger {
             );
             return false;
         };
-        let mname = svm::migration_name(name, to);
         let obj: StorageVersionMigration = match serde_json::from_value(serde_json::json!({
             "apiVersion": svm::API_VERSION,
             "kind": svm::KIND,
@@ -279,6 +346,7 @@ impl Trigger {
                     svm::ANNOTATION_STORAGEVERSION: name,
                     svm::ANNOTATION_VERSION: to,
                     svm::ANNOTATION_PREVIOUS: from,
+                    svm::ANNOTATION_SEQUENCE: sequence.to_string(),
                 },
             },
             "spec": {"resource": gr},
@@ -317,7 +385,7 @@ impl Trigger {
                 &sv.object_ref(&()),
                 EventType::Normal,
                 "MigrationCreated",
-                format!("Every apiserver encodes {name} as {to} (was {from}) for the settle time: created StorageVersionMigration {mname}"),
+                format!("Every apiserver encodes {name} as {to} for the settle time, and objects may be stored as {from}: created StorageVersionMigration {mname}"),
             )
             .await;
         } else {
@@ -346,23 +414,32 @@ impl Trigger {
         Err(result)
     }
 
-    /// Lists our migrations, sets the phase gauges, and reports each final outcome once.
-    async fn follow_migrations(&self, t: &mut Term, svs: &[StorageVersion]) {
+    /// Lists our migrations (None: the list failed, or the API is not served).
+    async fn list_ours(&self) -> Option<Vec<StorageVersionMigration>> {
         let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(&format!(
             "{}={}",
             svm::MANAGED_BY_LABEL,
             svm::MANAGED_BY_VALUE
         ));
-        let list = match self.list_within(&api, &lp, "list_migrations").await {
-            Ok(items) => items,
+        match self.list_within(&api, &lp, "list_migrations").await {
+            Ok(items) => Some(items),
             Err(e) => {
-                tracing::debug!(error = %e, "cannot list StorageVersionMigrations");
-                return;
+                tracing::debug!(error = %e, "cannot list StorageVersionMigrations; no migration is begun this pass");
+                None
             }
-        };
+        }
+    }
+
+    /// Sets the phase gauges from our migrations and reports each final outcome once.
+    async fn follow_migrations(
+        &self,
+        t: &mut Term,
+        list: &[StorageVersionMigration],
+        svs: &[StorageVersion],
+    ) {
         let mut by_phase: HashMap<Phase, i64> = HashMap::new();
-        for m in &list {
+        for m in list {
             let phase = m.phase();
             *by_phase.entry(phase).or_default() += 1;
             let name = m.name().to_string();
@@ -488,7 +565,7 @@ impl Trigger {
 
 fn state_label(d: &Decision) -> &'static str {
     match d {
-        Decision::UpToDate | Decision::Remember { .. } | Decision::Migrate { .. } => "up_to_date",
+        Decision::UpToDate | Decision::Migrate { .. } => "up_to_date",
         Decision::WaitSettle { .. } => "settling",
         Decision::WaitDisagree => "disagree",
         Decision::BlockedNotDecodable { .. } => "not_decodable",

@@ -242,6 +242,73 @@ async fn client_as(kubeconfig: &Path, user: &str, group: Option<&str>) -> kube::
     kube::Client::try_from(config).expect("client")
 }
 
+/// A client for `kubeconfig` whose StorageVersion writes (PUT, DELETE) each wait `delay` before
+/// they go out: a collector on a slow link, so that its batch lasts long enough for something
+/// to happen in the middle of it. Everything else is sent at once.
+pub async fn slow_writes_client(kubeconfig: &Path, delay: Duration) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig config");
+    config.read_timeout = Some(storageversion_webhook::kubeclient::READ_TIMEOUT);
+    kube::client::ClientBuilder::try_from(config)
+        .expect("client builder")
+        .with_layer(&SlowWrites(delay))
+        .build()
+}
+
+/// The layer of [`slow_writes_client`].
+#[derive(Clone, Copy)]
+struct SlowWrites(Duration);
+
+struct SlowWritesService<S> {
+    inner: S,
+    delay: Duration,
+}
+
+impl<S> tower::Layer<S> for SlowWrites {
+    type Service = SlowWritesService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        SlowWritesService {
+            inner,
+            delay: self.0,
+        }
+    }
+}
+
+impl<S, B> tower::Service<http::Request<B>> for SlowWritesService<S>
+where
+    S: tower::Service<http::Request<B>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let write = req.method() == http::Method::PUT || req.method() == http::Method::DELETE;
+        let delay = if write && req.uri().path().contains("/storageversions/") {
+            self.delay
+        } else {
+            Duration::ZERO
+        };
+        let sent = self.inner.call(req);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            sent.await
+        })
+    }
+}
+
 /// Applies a JSON object through kubectl (create or replace).
 pub fn kubectl_apply(cp: &ControlPlane, obj: &serde_json::Value) {
     use std::io::Write;

@@ -10,6 +10,7 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, ListParams};
+use storageversion_webhook::migrate::state::{parse as parse_record, Record};
 use storageversion_webhook::migrate::svm::{self, StorageVersionMigration};
 
 use super::{bin_dir, metric_sum, poll_until, Certs, ControlPlane, Webhook};
@@ -73,12 +74,17 @@ pub async fn state(cp: &ControlPlane) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
-/// Waits until the state remembers `version` for StorageVersion `name`.
+/// What the state remembers about StorageVersion `name`.
+pub async fn record(cp: &ControlPlane, name: &str) -> Option<Record> {
+    state(cp).await.get(name).map(|v| parse_record(v))
+}
+
+/// Waits until the state remembers `version` as agreed for StorageVersion `name`.
 pub async fn wait_remembered(cp: &ControlPlane, name: &str, version: &str) {
     poll_until(
         Duration::from_secs(60),
         &format!("the state to remember {name} = {version}"),
-        || async { state(cp).await.get(name).map(String::as_str) == Some(version) },
+        || async { record(cp, name).await.and_then(|r| r.agreed).as_deref() == Some(version) },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
