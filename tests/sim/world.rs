@@ -556,11 +556,16 @@ impl Sim {
                 Ok(e) => e,
                 Err(_) => continue,
             };
+            let before = sv.clone();
             local_update(&mut sv, entry, &api::now_text());
-            let Ok(v) = serde_json::to_value(&sv) else {
-                continue;
-            };
-            c.commit(SVS, name, Some(v));
+            // kube-apiserver does not write an update that changes nothing: the object keeps
+            // its resourceVersion and no watch event is sent.
+            if sv != before {
+                let Ok(v) = serde_json::to_value(&sv) else {
+                    continue;
+                };
+                c.commit(SVS, name, Some(v));
+            }
             self.entry_written
                 .entry((name.to_string(), id.clone()))
                 .or_default()
