@@ -16,7 +16,8 @@
 //!
 //! Invariants, checked after every step of the world:
 //! - **I1** an entry written by an apiserver after its lease's latest creation is never removed
-//!   while that lease exists (an older entry may go: the lease can come back between the
+//!   while that lease exists, or, if a replica's write removed it (an unchanged rewrite keeps the
+//!   resourceVersion, so nothing stops that write), it is back within 20 s while the lease lives (an older entry may go: the lease can come back between the
 //!   collector's confirming GET and its write, and the apiserver then writes its entry again);
 //!   and, the grace: an entry is removed only after a live GET of its lease by that replica
 //!   answered NotFound, and the lease did not exist at any time during the deletion grace (30 s)

@@ -17,6 +17,9 @@ use storageversion_webhook::rules::common::local_update;
 use super::api::{self, lock, Cluster, Shared, SimBody, IDENTITY_LEASES, SVMS, SVS};
 use super::rng::Rng;
 
+/// I1: a fresh entry a replica removed (the apiserver rewrote it unchanged just before the
+/// write, so the resourceVersion did not stop it) must be back this soon.
+pub const I1_GIVE_BACK: Duration = Duration::from_secs(20);
 /// The collector's deletion grace (the default).
 pub const GRACE: Duration = Duration::from_secs(30);
 /// The trigger's settle time and interval (the defaults).
@@ -200,6 +203,9 @@ pub struct Sim {
     checked_removals: usize,
     checked_writes: usize,
     checked_created: usize,
+    /// I1: fresh entries a replica removed, to be back by the deadline: (deadline, sv, id,
+    /// lease creation, what happened).
+    given_back: Vec<(Duration, String, String, Duration, String)>,
     violations: Vec<String>,
 }
 
@@ -224,6 +230,7 @@ impl Sim {
             checked_removals: 0,
             checked_writes: 0,
             checked_created: 0,
+            given_back: Vec::new(),
             violations: Vec::new(),
             plan,
         }
@@ -637,10 +644,12 @@ impl Sim {
             if has("Succeeded") || has("Failed") {
                 continue;
             }
-            let age = m["metadata"]["annotations"]["sim/created-at"].as_u64();
+            let age = m["metadata"]["annotations"]["sim/created-at"]
+                .as_str()
+                .and_then(|a| a.parse::<u64>().ok());
             let Some(created) = age.or_else(|| {
                 let a = now.as_secs();
-                m["metadata"]["annotations"]["sim/created-at"] = json!(a);
+                m["metadata"]["annotations"]["sim/created-at"] = json!(a.to_string());
                 None
             }) else {
                 c.commit(SVMS, &name, Some(m));
@@ -911,9 +920,15 @@ impl Sim {
                     .get(&(rm.sv.clone(), rm.id.clone()))
                     .is_some_and(|w| w.iter().any(|w| w >= created && *w <= rm.at));
                 if fresh {
-                    found.push(format!(
-                        "I1: replica {} removed the entry of {} from {} at {:?}, written after its lease was created at {:?}, while that lease exists",
-                        rm.replica, rm.id, rm.sv, rm.at, created
+                    self.given_back.push((
+                        rm.at + I1_GIVE_BACK,
+                        rm.sv.clone(),
+                        rm.id.clone(),
+                        *created,
+                        format!(
+                            "I1: replica {} removed the entry of {} from {} at {:?}, written after its lease was created at {:?}, and it is not back {I1_GIVE_BACK:?} later while that lease exists",
+                            rm.replica, rm.id, rm.sv, rm.at, created
+                        ),
                     ));
                 }
             }
@@ -939,6 +954,26 @@ impl Sim {
                 ));
             }
         }
+        // I1: a fresh entry removed must be back by its deadline while its lease lives on.
+        let mut waiting = Vec::new();
+        for (deadline, sv, id, created, what) in std::mem::take(&mut self.given_back) {
+            if now < deadline {
+                waiting.push((deadline, sv, id, created, what));
+                continue;
+            }
+            let same_lease = life(&id)
+                .last()
+                .is_some_and(|(s, e)| *s == created && e.is_none());
+            let back = c.get(SVS, &sv).is_some_and(|o| {
+                o["status"]["storageVersions"]
+                    .as_array()
+                    .is_some_and(|es| es.iter().any(|e| e["apiServerID"] == id.as_str()))
+            });
+            if same_lease && !back {
+                found.push(what);
+            }
+        }
+        self.given_back = waiting;
         // I2: entries of leases gone too long.
         if !self.quiet || now > self.disturbed + Duration::from_secs(60) {
             for (name, sv) in c.table(SVS).into_iter().flatten() {
