@@ -215,9 +215,9 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
 /// `/apis/g/v/[namespaces/ns/]resource[/name[/sub]]` -> (collection, resource, name, sub).
 fn parse_path(path: &str) -> Option<(String, String, Option<String>, Option<String>)> {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let base = match segs.first()? {
-        &"api" => 2,
-        &"apis" => 3,
+    let base = match *segs.first()? {
+        "api" => 2,
+        "apis" => 3,
         _ => return None,
     };
     let mut i = base;
@@ -481,7 +481,7 @@ impl Cluster {
         let leader_lease = p.path.starts_with(&leader_leases());
         if !watch && dice % 100 < self.faults.error_pct {
             // Never a 409 on the leader Lease: kube-lease-manager backs off randomly on those.
-            let (code, reason) = if dice % 2 == 0 {
+            let (code, reason) = if dice.is_multiple_of(2) {
                 (500, "InternalError")
             } else {
                 (429, "TooManyRequests")

@@ -586,10 +586,12 @@ impl Sim {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<SimBody>>();
         let client = kube::Client::new(service, "default");
         tokio::spawn(api::accept(self.shared.clone(), r, handle));
-        let mut args = GcArgs::default();
-        args.gc_identity = Some(identity);
-        args.gc_leader_lease_namespace = Some(api::LEADER_NS.to_string());
-        args.gc_lease_deletion_grace = GRACE;
+        let args = GcArgs {
+            gc_identity: Some(identity),
+            gc_leader_lease_namespace: Some(api::LEADER_NS.to_string()),
+            gc_lease_deletion_grace: GRACE,
+            ..GcArgs::default()
+        };
         let margs = MigrateArgs {
             migrate: true,
             migrate_settle: SETTLE,
@@ -1043,8 +1045,8 @@ impl Sim {
             if let Some(prev) = c
                 .created
                 .iter()
-                .filter(|p| p.sv == m.sv && p.version == m.version && p.at < m.at)
-                .last()
+                .rev()
+                .find(|p| p.sv == m.sv && p.version == m.version && p.at < m.at)
             {
                 let changed = history
                     .iter()
