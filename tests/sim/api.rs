@@ -74,6 +74,8 @@ struct Watcher {
 /// A request waiting for its grid point.
 struct Pending {
     replica: usize,
+    /// The leader Lease's unexpired holder when the request arrived (was sent).
+    leader_at_send: Option<String>,
     method: String,
     path: String,
     query: String,
@@ -113,8 +115,11 @@ pub struct Write {
     pub at: Duration,
     pub replica: usize,
     pub what: String,
-    /// The leader Lease's holder (if unexpired) at that moment.
+    /// The leader Lease's holder (if unexpired) when the request was sent.
     pub leader: Option<String>,
+    /// ... and when it was applied (shown in the trace: a write sent while leading may land
+    /// after the Lease ran out, when the API server is slow).
+    pub leader_applied: Option<String>,
 }
 
 /// A removal of an entry by a replica (a status PUT without it, or a DELETE).
@@ -546,17 +551,29 @@ impl Cluster {
         };
         if let Reply::Json(code, body) = &reply {
             self.note(format!("{what} -> {code}"));
+            if !leader_lease
+                && p.method != "GET"
+                && *code < 300
+                && p.leader_at_send != self.leader()
+            {
+                let applied = self.leader();
+                self.note(format!(
+                    "  (leader when sent {:?}, when applied {applied:?})",
+                    p.leader_at_send
+                ));
+            }
             if leader_lease && std::env::var_os("SVW_SIM_TRACE").is_some() {
                 eprintln!("      body {} -> {}", p.body, body["spec"]);
             }
             if !leader_lease && p.method != "GET" && *code < 300 {
                 let at = self.at();
-                let leader = self.leader();
+                let leader_applied = self.leader();
                 self.writes.push(Write {
                     at,
                     replica: p.replica,
                     what: what.clone(),
-                    leader,
+                    leader: p.leader_at_send.clone(),
+                    leader_applied,
                 });
             }
         }
@@ -909,9 +926,11 @@ pub async fn accept(shared: Shared, replica: usize, mut handle: Handle) {
         let due = c.start + grid * (slots as u32 + extra as u32);
         c.seq += 1;
         let seq = c.seq;
+        let leader_at_send = c.leader();
         c.pending.insert(
             (due, key, seq),
             Pending {
+                leader_at_send,
                 replica,
                 method,
                 path,

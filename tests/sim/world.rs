@@ -948,6 +948,7 @@ impl Sim {
             if let Some((s, e)) = lives
                 .iter()
                 .rev()
+                .filter(|(s, e)| *e != Some(*s))
                 .find(|(s, e)| *s <= to && e.is_none_or(|e| e > from))
             {
                 found.push(format!(
@@ -1012,8 +1013,8 @@ impl Sim {
             let me = c.identities.get(&w.replica);
             if w.leader.as_ref() != me {
                 found.push(format!(
-                    "I3: replica {} ({:?}) completed {} at {:?} while the leader Lease named {:?}",
-                    w.replica, me, w.what, w.at, w.leader
+                    "I3: replica {} ({:?}) sent {} (applied at {:?}, leader then {:?}) while the leader Lease named {:?}",
+                    w.replica, me, w.what, w.at, w.leader_applied, w.leader
                 ));
             }
         }
