@@ -1049,12 +1049,21 @@ impl Sim {
                 .rev()
                 .find(|p| p.sv == m.sv && p.version == m.version && p.at < m.at)
             {
-                let changed = history
+                // Another version in effect when the first was created counts too: objects
+                // could be written in it after the first migration began (its rewrite had
+                // already listed them, or had not started).
+                let at_first = history
                     .iter()
-                    .any(|(t, a)| *t > prev.at && *t <= m.at && *a != want);
+                    .rev()
+                    .find(|(t, _)| *t <= prev.at)
+                    .is_some_and(|(_, a)| *a != want);
+                let changed = at_first
+                    || history
+                        .iter()
+                        .any(|(t, a)| *t > prev.at && *t <= m.at && *a != want);
                 if !changed {
                     found.push(format!(
-                        "I4: migration {} of {} to {} created at {:?}, the same need as {} created at {:?} (no entry encoded another version in between)",
+                        "I4: migration {} of {} to {} created at {:?}, the same need as {} created at {:?} (no entry encoded another version when it was created or since)",
                         m.name, m.sv, m.version, m.at, prev.name, prev.at
                     ));
                 }
