@@ -21,8 +21,10 @@ impl Image {
     }
 }
 
-/// Builds the image once per test binary with `scripts/image` (a static release binary on
-/// `scratch`, Dockerfile BASE=static) and saves it as an OCI archive.
+/// Builds the image once per test process with `scripts/image` (a static release binary on
+/// `scratch`, Dockerfile BASE=static) and saves it as an OCI archive. Without whole-program LTO
+/// (profile `release-nolto`, unless `SVW_IMAGE_PROFILE` says otherwise): the tests check what the
+/// image does, not how fast, and this build is the one `scripts/run` and `bench/run --quick` use.
 pub fn image() -> &'static Image {
     static IMAGE: OnceLock<Image> = OnceLock::new();
     IMAGE.get_or_init(|| {
@@ -33,6 +35,9 @@ pub fn image() -> &'static Image {
         cmd.arg(format!("storageversion-webhook:{tag}"))
             .arg(&archive)
             .current_dir(repo_root());
+        if std::env::var_os("SVW_IMAGE_PROFILE").is_none() {
+            cmd.env("SVW_IMAGE_PROFILE", "release-nolto");
+        }
         // The CARGO_* variables `cargo test` sets for this process are not the user's: without
         // them the nested release build is the one `scripts/image` run by hand made (when they
         // leaked through, the crate was rebuilt every time).
