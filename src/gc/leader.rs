@@ -369,7 +369,9 @@ impl Election {
                 }
             }
         }
-        self.confirm_claim(margin).await.filter(|until| *until > now)
+        self.confirm_claim(margin)
+            .await
+            .filter(|until| *until > now)
     }
 
     /// A live GET: if the Lease names us as holder, until when (less `margin`) our claim holds.
