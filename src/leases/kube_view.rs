@@ -232,6 +232,94 @@ mod tests {
         LeaseStore::detached(kube::Client::new(service, "default"))
     }
 
+    /// A Lease named `name` with the identity label and no renewTime: cached, but it looks
+    /// expired, so a lookup must go live.
+    fn unrenewed_lease(name: &str) -> k8s_openapi::api::coordination::v1::Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "kube-system",
+                         "labels": {crate::model::IDENTITY_LABEL_KEY: crate::model::IDENTITY_LABEL_VALUE}},
+            "spec": {},
+        }))
+        .expect("lease")
+    }
+
+    /// The negative cache answers only for other requesters, only when the watch cache has no
+    /// lease of that name, and only while the watch is healthy; everything else goes live (the
+    /// mock API never answers, so a live lookup is a future that is not ready).
+    #[tokio::test]
+    async fn a_remembered_not_found_is_used_only_when_it_cannot_hide_a_lease() {
+        use futures::FutureExt;
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store_with_budget(
+            store.clone(),
+            metrics,
+            Duration::from_secs(60),
+            LookupBudget::new(100.0, 100),
+        );
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        view.missing.insert("gone");
+        view.missing.insert("back");
+        assert_eq!(
+            view.lookup_as("gone", Requester::Other).now_or_never(),
+            Some(LeaseLookup::NotFound)
+        );
+        assert!(
+            view.lookup_as("gone", Requester::ApiServer)
+                .now_or_never()
+                .is_none(),
+            "kube-apiserver's reviews always ask live"
+        );
+        // The watch has a lease of that name (looking expired): never hidden by the cache.
+        store.apply(watcher::Event::Apply(unrenewed_lease("back")));
+        assert!(view
+            .lookup_as("back", Requester::Other)
+            .now_or_never()
+            .is_none());
+        // A broken watch turns the cache off.
+        store.failed(&watcher::Error::NoResourceVersion);
+        assert!(view
+            .lookup_as("gone", Requester::Other)
+            .now_or_never()
+            .is_none());
+    }
+
+    /// Over the budget, a lookup is answered at once with `Failed` (a warning), never waited on.
+    #[tokio::test]
+    async fn over_the_budget_a_lookup_fails_at_once() {
+        use futures::FutureExt;
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store_with_budget(
+            store.clone(),
+            metrics,
+            Duration::from_secs(60),
+            LookupBudget::new(0.001, 4),
+        );
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        let ids: Vec<String> = (0..3).map(|i| format!("x{i}")).collect();
+        let mut live = Vec::new();
+        for id in &ids {
+            let mut lookup = view.lookup_as(id, Requester::Other);
+            assert!((&mut lookup).now_or_never().is_none(), "{id}: live");
+            live.push(lookup);
+        }
+        match view.lookup_as("x9", Requester::Other).now_or_never() {
+            Some(LeaseLookup::Failed(why)) => assert!(why.contains("budget"), "{why}"),
+            other => panic!("over the budget: {other:?}"),
+        }
+        assert!(
+            view.lookup_as("y", Requester::ApiServer)
+                .now_or_never()
+                .is_none(),
+            "kube-apiserver's share is left"
+        );
+    }
+
     /// A re-list that keeps failing makes `/readyz` fail once the staleness bound has passed;
     /// only a re-list that completes makes it ready again (before, every `Init` cleared the
     /// broken mark).
