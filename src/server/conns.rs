@@ -25,6 +25,11 @@ use tokio_util::sync::CancellationToken;
 /// How often a new connection waiting for a slot asks another idle connection to close.
 const EVICT_RETRY: Duration = Duration::from_millis(50);
 
+/// A connection becomes a candidate for dropping only once it has waited this long for a
+/// request body: kube-apiserver's body arrives with its headers, within microseconds, so it is
+/// never caught between the two.
+const BODY_WAIT_BEFORE_DROP: Duration = Duration::from_millis(100);
+
 /// How long a connection asked to close (evicted or idle) may take to finish before it is
 /// dropped.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(5);
@@ -231,8 +236,9 @@ impl ConnLimit {
         }
     }
 
-    /// Drops the connection that has waited longest for a request body, if one does and none
-    /// is being dropped already (one at a time: each frees a slot). Returns whether it did.
+    /// Drops the connection that has waited longest for a request body (at least
+    /// [`BODY_WAIT_BEFORE_DROP`]), if one has and none is being dropped already (one at a time:
+    /// each frees a slot). Returns whether it did.
     fn abort_slowest_body(&self) -> bool {
         let Ok(open) = self.open.lock() else {
             return false;
@@ -244,6 +250,7 @@ impl ConnLimit {
         let slowest = open
             .values()
             .filter_map(|c| c.awaiting_body_since().map(|since| (since, c)))
+            .filter(|(since, _)| since.elapsed() >= BODY_WAIT_BEFORE_DROP)
             .min_by_key(|(since, _)| *since);
         match slowest {
             Some((since, c)) => {
@@ -353,6 +360,10 @@ mod tests {
         let slower_later = limit.acquire().await;
         let _later_request = slower_later.state.begin_request();
         let _later_body = slower_later.state.awaiting_body();
+        // Neither has waited long enough for its body: nothing is dropped yet.
+        assert!(!limit.abort_slowest_body());
+        assert!(!slow.state.abort.is_cancelled() && !slower_later.state.abort.is_cancelled());
+        tokio::time::sleep(BODY_WAIT_BEFORE_DROP).await;
         let waiting = tokio::spawn({
             let limit = Arc::clone(&limit);
             async move { limit.acquire().await }
