@@ -10,7 +10,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::leases::LeaseView;
+use crate::leases::{LeaseView, Requester};
 use crate::metrics::{
     operation_label, requester_label, subresource_label, FindingLabels, Metrics, ResultLabels,
     ReviewLabels,
@@ -309,7 +309,12 @@ impl Admission {
         } else {
             let judged = match decode_object(req.object.take()) {
                 Ok(new) => self
-                    .judge(&new, req.old_object.take(), &req.operation)
+                    .judge(
+                        &new,
+                        req.old_object.take(),
+                        &req.operation,
+                        Requester::from_username(&req.user_info.username),
+                    )
                     .await
                     .map(|evaluation| (new, evaluation)),
                 Err(message) => Err(message),
@@ -361,8 +366,9 @@ impl Admission {
         new: &StorageVersion,
         old: Option<&RawValue>,
         operation: &str,
+        who: Requester,
     ) -> Result<Evaluation, String> {
-        let facts = self.lease_facts(new).await;
+        let facts = self.lease_facts(new, who).await;
         let opts = RuleOptions {
             now: Timestamp::now(),
             lease_skew_allowance: self.lease_skew_allowance,
@@ -379,11 +385,11 @@ impl Admission {
 
     /// Looks up the leases the rules need. At most [`ReviewLimits::max_lease_lookups`] leases
     /// are looked up; the other IDs are `lease-lookup-failed` (a warning, never a denial).
-    async fn lease_facts(&self, new: &StorageVersion) -> LeaseFacts {
+    async fn lease_facts(&self, new: &StorageVersion, who: Requester) -> LeaseFacts {
         let ids = rules::lease_ids(new, None);
         let cap = self.limits.max_lease_lookups.min(ids.len());
         let (looked_up, skipped) = ids.split_at(cap);
-        let lookups = self.lookup_all(looked_up).await;
+        let lookups = self.lookup_all(looked_up, who).await;
         let mut facts = LeaseFacts::new();
         let mut failed = 0usize;
         for (id, lookup) in looked_up.iter().zip(lookups) {
@@ -418,7 +424,7 @@ impl Admission {
     /// Looks up every lease at once. Lookups answered from the lease view's cache are ready on
     /// their first poll and are taken as they are; only the others (live GETs) are awaited,
     /// concurrently.
-    async fn lookup_all(&self, ids: &[&str]) -> Vec<LeaseLookup> {
+    async fn lookup_all(&self, ids: &[&str], who: Requester) -> Vec<LeaseLookup> {
         use futures::FutureExt;
         let mut pending = Vec::new();
         let mut done: Vec<Option<LeaseLookup>> = Vec::with_capacity(ids.len());
@@ -427,7 +433,7 @@ impl Admission {
                 done.push(Some(found));
                 continue;
             }
-            let mut lookup = self.leases.lookup(id);
+            let mut lookup = self.leases.lookup_as(id, who);
             match (&mut lookup).now_or_never() {
                 Some(found) => done.push(Some(found)),
                 None => {

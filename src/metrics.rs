@@ -131,7 +131,7 @@ impl Metrics {
         );
         r.register(
             "lease_lookups",
-            "Identity lease lookups by result (cache_hit, live_found, live_not_found, error)",
+            "Identity lease lookups by result (cache_hit, negative_cache_hit, live_found, live_not_found, error, over_budget)",
             m.lease_lookups.clone(),
         );
         r.register(

@@ -1636,3 +1636,124 @@ async fn a_background_task_that_ends_fails_readiness_and_stops_the_server() {
     assert!(err.to_string().contains("lease view"), "{err}");
     assert!(health.check().is_err(), "/readyz fails");
 }
+
+/// Opens a TLS connection and sends the headers of a POST /validate declaring a body of
+/// `declared` bytes, and the first byte of it; a task then sends one more byte every 200 ms
+/// (a slow sender, never finishing). Returns the stream's reader half and the trickling task.
+async fn slow_body_client(
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    declared: usize,
+) -> (
+    tokio::io::ReadHalf<tokio_rustls::client::TlsStream<TcpStream>>,
+    JoinHandle<()>,
+) {
+    use tokio::io::AsyncWriteExt;
+    let (tls, _) = connect(addr, config).await.expect("connect");
+    let (reader, mut writer) = tokio::io::split(tls);
+    let head = format!(
+        "POST /validate HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
+         content-length: {declared}\r\n\r\n{{"
+    );
+    writer.write_all(head.as_bytes()).await.expect("headers");
+    writer.flush().await.expect("flush");
+    let trickle = tokio::spawn(async move {
+        for _ in 1..declared {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if writer.write_all(b" ").await.is_err() || writer.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+    (reader, trickle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_bodies_on_every_slot_never_lock_out_a_review_on_a_new_connection() {
+    // A long body deadline, so that only dropping a slow sender can make room in time.
+    let h = Harness::start(|c, _, _| {
+        c.max_connections = 8;
+        c.body_read_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let config = Arc::new(client_config(&h.ca, None, &[]));
+    let mut slow = Vec::new();
+    for _ in 0..8 {
+        slow.push(slow_body_client(h.admission, Arc::clone(&config), 10_000).await);
+    }
+    // Give the server a moment to read their headers (were it not to, they would count as idle
+    // and be closed gracefully instead; the assertions below would then not hold on any code).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let answered = tokio::time::timeout(
+        Duration::from_secs(3),
+        fresh_request(
+            h.admission,
+            Arc::clone(&config),
+            Bytes::from(sv_review("uid-apiserver", valid_object())),
+        ),
+    )
+    .await;
+    let took = started.elapsed();
+    let (status, _) = answered
+        .unwrap_or_else(|_| {
+            panic!("a review on a new connection waited {took:?} behind 8 slow senders")
+        })
+        .expect("review");
+    assert_eq!(status, StatusCode::OK);
+    // Exactly the slow senders were dropped to make room, not more than needed.
+    let mut closed = 0;
+    for (mut reader, trickle) in slow {
+        let mut buf = [0u8; 256];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(100), reader.read(&mut buf)).await
+        {
+            closed += 1;
+        }
+        trickle.abort();
+    }
+    assert!(
+        (1..=2).contains(&closed),
+        "{closed} slow senders dropped for one new connection"
+    );
+    h.shutdown().await.expect("clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_gets_408_soon_after_the_headers() {
+    let h = Harness::start(|_, _, _| {}).await;
+    let config = Arc::new(client_config(&h.ca, None, &[]));
+    let started = Instant::now();
+    let (mut reader, trickle) = slow_body_client(h.admission, config, 10_000).await;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let _ = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    answer.extend_from_slice(&buf[..n]);
+                    if answer.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    trickle.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 408"),
+        "after {took:?}: {answer:?}"
+    );
+    // The default deadline is 2 s after the headers (the old one was 30 s).
+    assert!(took < Duration::from_secs(10), "408 after {took:?}");
+    let metrics = admin_get(h.admin, "/metrics").await.text();
+    assert!(
+        metrics.contains(r#"admission_http_errors_total{result="body_timeout"} 1"#),
+        "{metrics}"
+    );
+    h.shutdown().await.expect("clean shutdown");
+}

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use futures::channel::oneshot;
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use super::LeaseView;
+use super::{LeaseView, Requester};
 use crate::model::LeaseLookup;
 
 /// Most distinct IDs with a shared lookup in flight at once.
@@ -90,13 +90,19 @@ impl Coalescing {
 
 impl LeaseView for Coalescing {
     fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup> {
+        self.lookup_as(id, Requester::Other)
+    }
+
+    /// Joining a lookup in flight is the same for every requester (it is a live GET under way,
+    /// never an answer refused for lack of budget: those are ready at once and never shared).
+    fn lookup_as<'a>(&'a self, id: &'a str, who: Requester) -> BoxFuture<'a, LeaseLookup> {
         Box::pin(async move {
             if let Some(joined) = self.joinable(id) {
                 if let Ok(found) = joined.await {
                     return found;
                 }
             }
-            let mut own = self.inner.lookup(id);
+            let mut own = self.inner.lookup_as(id, who);
             if let Some(found) = (&mut own).now_or_never() {
                 return found;
             }

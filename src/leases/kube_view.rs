@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::{could_be_lease_name, LeaseStore, LeaseView};
+use super::budget::{LookupBudget, NegativeCache, NEGATIVE_CACHE_MAX, NEGATIVE_CACHE_TTL};
+use super::{could_be_lease_name, LeaseStore, LeaseView, Requester};
 use crate::metrics::{Metrics, ResultLabels};
 use crate::model::{LeaseLookup, LeaseRecord, IDENTITY_LEASE_NAMESPACE};
 
@@ -25,7 +26,16 @@ pub struct KubeLeaseView {
     /// `lease_lookups{result="cache_hit"}`, resolved once: the hot path skips the label lookup.
     cache_hits: prometheus_client::metrics::counter::Counter,
     max_staleness: Duration,
+    /// What live lookups may cost, process-wide.
+    budget: LookupBudget,
+    /// Live NotFounds of the last few seconds.
+    missing: NegativeCache,
 }
+
+/// Default of `--lease-lookup-rate`: live lease lookups per second, all reviews together.
+pub const DEFAULT_LOOKUP_RATE: f64 = 20.0;
+/// Default of `--lease-lookup-burst`.
+pub const DEFAULT_LOOKUP_BURST: u32 = 40;
 
 impl KubeLeaseView {
     /// A view with its own identity-lease watch (tests, tools). `serve` shares one store with
@@ -37,6 +47,21 @@ impl KubeLeaseView {
     /// A view on `store` (the process's one identity-lease watch); keeps the lease-view gauges
     /// current in the background.
     pub fn on_store(store: LeaseStore, metrics: Metrics, max_staleness: Duration) -> Arc<Self> {
+        Self::on_store_with_budget(
+            store,
+            metrics,
+            max_staleness,
+            LookupBudget::new(DEFAULT_LOOKUP_RATE, DEFAULT_LOOKUP_BURST),
+        )
+    }
+
+    /// The same with its own budget of live lookups (`--lease-lookup-rate`, `--lease-lookup-burst`).
+    pub fn on_store_with_budget(
+        store: LeaseStore,
+        metrics: Metrics,
+        max_staleness: Duration,
+        budget: LookupBudget,
+    ) -> Arc<Self> {
         let cache_hits = metrics
             .lease_lookups
             .get_or_create(&ResultLabels {
@@ -48,6 +73,8 @@ impl KubeLeaseView {
             cache_hits,
             metrics,
             max_staleness,
+            budget,
+            missing: NegativeCache::new(NEGATIVE_CACHE_TTL, NEGATIVE_CACHE_MAX),
         });
         tokio::spawn(report_staleness(Arc::downgrade(&view)));
         view
@@ -73,6 +100,18 @@ impl KubeLeaseView {
         self.store.get(id)
     }
 
+    fn count(&self, result: &'static str) {
+        self.metrics
+            .lease_lookups
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// The watch has listed and is delivering: what it does not hold, it has not been told of.
+    fn watch_is_healthy(&self) -> bool {
+        self.store.is_synced() && self.store.staleness().is_zero()
+    }
+
     async fn live(&self, id: &str) -> LeaseLookup {
         let result = tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, self.store.api().get_opt(id)).await;
         let (lookup, label) = match result {
@@ -89,23 +128,45 @@ impl KubeLeaseView {
                 "error",
             ),
         };
-        self.metrics
-            .lease_lookups
-            .get_or_create(&ResultLabels { result: label })
-            .inc();
+        match &lookup {
+            LeaseLookup::NotFound => self.missing.insert(id),
+            LeaseLookup::Found(_) => self.missing.forget(id),
+            _ => {}
+        }
+        self.count(label);
         lookup
     }
 }
 
 impl LeaseView for KubeLeaseView {
     fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup> {
-        Box::pin(async move {
-            match LeaseView::cached(self, id) {
-                Some(answer) => answer,
-                // A miss, or a cached lease that looks dead: ask the API server before judging.
-                None => self.live(id).await,
-            }
-        })
+        self.lookup_as(id, Requester::Other)
+    }
+
+    /// A hit in the watch cache; else, for requesters other than kube-apiserver, a NotFound of
+    /// the last few seconds while the watch is healthy and has no such lease; else a live GET if
+    /// the budget allows one, else `Failed` (a warning). Only the live GET waits.
+    fn lookup_as<'a>(&'a self, id: &'a str, who: Requester) -> BoxFuture<'a, LeaseLookup> {
+        if let Some(answer) = LeaseView::cached(self, id) {
+            return Box::pin(std::future::ready(answer));
+        }
+        // A miss, or a cached lease that looks dead: ask the API server before judging.
+        if who == Requester::Other
+            && self.store.get(id).is_none()
+            && self.watch_is_healthy()
+            && self.missing.is_missing(id)
+        {
+            self.count("negative_cache_hit");
+            return Box::pin(std::future::ready(LeaseLookup::NotFound));
+        }
+        if !self.budget.try_take(who) {
+            self.count("over_budget");
+            return Box::pin(std::future::ready(LeaseLookup::Failed(format!(
+                "not looked up: live lease lookups are over their budget (--lease-lookup-rate, \
+                 --lease-lookup-burst); lease {IDENTITY_LEASE_NAMESPACE}/{id} is not in the watch cache"
+            ))));
+        }
+        Box::pin(self.live(id))
     }
 
     fn cached(&self, id: &str) -> Option<LeaseLookup> {
@@ -169,6 +230,94 @@ mod tests {
             http::Response<kube::client::Body>,
         >();
         LeaseStore::detached(kube::Client::new(service, "default"))
+    }
+
+    /// A Lease named `name` with the identity label and no renewTime: cached, but it looks
+    /// expired, so a lookup must go live.
+    fn unrenewed_lease(name: &str) -> k8s_openapi::api::coordination::v1::Lease {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "kube-system",
+                         "labels": {crate::model::IDENTITY_LABEL_KEY: crate::model::IDENTITY_LABEL_VALUE}},
+            "spec": {},
+        }))
+        .expect("lease")
+    }
+
+    /// The negative cache answers only for other requesters, only when the watch cache has no
+    /// lease of that name, and only while the watch is healthy; everything else goes live (the
+    /// mock API never answers, so a live lookup is a future that is not ready).
+    #[tokio::test]
+    async fn a_remembered_not_found_is_used_only_when_it_cannot_hide_a_lease() {
+        use futures::FutureExt;
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store_with_budget(
+            store.clone(),
+            metrics,
+            Duration::from_secs(60),
+            LookupBudget::new(100.0, 100),
+        );
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        view.missing.insert("gone");
+        view.missing.insert("back");
+        assert_eq!(
+            view.lookup_as("gone", Requester::Other).now_or_never(),
+            Some(LeaseLookup::NotFound)
+        );
+        assert!(
+            view.lookup_as("gone", Requester::ApiServer)
+                .now_or_never()
+                .is_none(),
+            "kube-apiserver's reviews always ask live"
+        );
+        // The watch has a lease of that name (looking expired): never hidden by the cache.
+        store.apply(watcher::Event::Apply(unrenewed_lease("back")));
+        assert!(view
+            .lookup_as("back", Requester::Other)
+            .now_or_never()
+            .is_none());
+        // A broken watch turns the cache off.
+        store.failed(&watcher::Error::NoResourceVersion);
+        assert!(view
+            .lookup_as("gone", Requester::Other)
+            .now_or_never()
+            .is_none());
+    }
+
+    /// Over the budget, a lookup is answered at once with `Failed` (a warning), never waited on.
+    #[tokio::test]
+    async fn over_the_budget_a_lookup_fails_at_once() {
+        use futures::FutureExt;
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store_with_budget(
+            store.clone(),
+            metrics,
+            Duration::from_secs(60),
+            LookupBudget::new(0.001, 4),
+        );
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        let ids: Vec<String> = (0..3).map(|i| format!("x{i}")).collect();
+        let mut live = Vec::new();
+        for id in &ids {
+            let mut lookup = view.lookup_as(id, Requester::Other);
+            assert!((&mut lookup).now_or_never().is_none(), "{id}: live");
+            live.push(lookup);
+        }
+        match view.lookup_as("x9", Requester::Other).now_or_never() {
+            Some(LeaseLookup::Failed(why)) => assert!(why.contains("budget"), "{why}"),
+            other => panic!("over the budget: {other:?}"),
+        }
+        assert!(
+            view.lookup_as("y", Requester::ApiServer)
+                .now_or_never()
+                .is_none(),
+            "kube-apiserver's share is left"
+        );
     }
 
     /// A re-list that keeps failing makes `/readyz` fail once the staleness bound has passed;

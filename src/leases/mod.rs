@@ -16,6 +16,14 @@ pub trait LeaseView: Send + Sync {
     /// [`LeaseLookup::Failed`], which never leads to a denial.
     fn lookup<'a>(&'a self, id: &'a str) -> BoxFuture<'a, LeaseLookup>;
 
+    /// [`LeaseView::lookup`] on behalf of `who`: a view with a budget for live lookups keeps a
+    /// share of it for kube-apiserver's own reviews ([`budget::LookupBudget`]). The default
+    /// ignores who asks.
+    fn lookup_as<'a>(&'a self, id: &'a str, who: Requester) -> BoxFuture<'a, LeaseLookup> {
+        let _ = who;
+        self.lookup(id)
+    }
+
     /// The answer [`LeaseView::lookup`] would give, when the view has it at hand without I/O (a
     /// hit in a synced cache); `None` when only `lookup` can answer. Reviews ask this first, so
     /// the common case costs no boxed future.
@@ -56,13 +64,15 @@ impl LeaseView for StaticLeases {
     }
 }
 
+pub mod budget;
 pub mod coalesce;
 /// Lease names are DNS-1123 subdomains: anything else cannot exist (and is never put in a URL).
 pub use crate::rules::names::is_dns1123_subdomain as could_be_lease_name;
+pub use budget::Requester;
 
 mod kube_view;
 mod set;
 pub mod store;
-pub use kube_view::KubeLeaseView;
+pub use kube_view::{KubeLeaseView, DEFAULT_LOOKUP_BURST, DEFAULT_LOOKUP_RATE};
 pub use set::{LeaseChange, LeaseSet};
 pub use store::{LeaseStore, StoreEvent};

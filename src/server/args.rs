@@ -64,6 +64,13 @@ pub struct ServeArgs {
           value_parser = parse_max_bytes)]
     pub large_body_budget_bytes: usize,
 
+    /// Longest a request body may take to arrive once its headers have. kube-apiserver sends
+    /// the whole body with the headers, and gives up on the webhook after its timeoutSeconds (3 s
+    /// in the chart): a body slower than this could not be answered in time anyway. A connection
+    /// waiting for its body is also the first to be dropped when every slot is taken.
+    #[arg(long, env = "SVW_BODY_READ_TIMEOUT", default_value = "2s", value_parser = parse_positive_duration)]
+    pub body_read_timeout: Duration,
+
     /// Longest wait for a request's headers (HTTP/1.1), so a slow client cannot hold a
     /// connection forever. hyper also applies it to an idle keep-alive connection waiting for its
     /// next request, so the default is longer than kube-apiserver's 90 s idle-connection timeout:
@@ -122,6 +129,19 @@ pub struct ServeArgs {
     #[arg(long, env = "SVW_LEASE_VIEW_MAX_STALENESS", default_value = "60s", value_parser = parse_positive_duration)]
     pub lease_view_max_staleness: Duration,
 
+    /// Live lease lookups per second, all reviews together (a lease not in the watch cache, or
+    /// one that looks expired, is confirmed with a GET). A lookup over the budget is not made:
+    /// the review gets `lease-lookup-failed`, a warning that never denies. A quarter of the
+    /// rate and burst is kept for kube-apiserver's own reviews (`system:apiserver`).
+    #[arg(long, env = "SVW_LEASE_LOOKUP_RATE", default_value = "20", value_parser = parse_rate)]
+    pub lease_lookup_rate: f64,
+
+    /// Live lease lookups that may be made at once after a quiet spell (the token bucket's
+    /// size). At least 2: one for kube-apiserver's share, one for the rest.
+    #[arg(long, env = "SVW_LEASE_LOOKUP_BURST", default_value = "40",
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(2..=1_000_000))]
+    pub lease_lookup_burst: u32,
+
     #[command(flatten)]
     pub gc: crate::gc::GcArgs,
 
@@ -150,6 +170,7 @@ pub struct ServerConfig {
     pub tls: TlsSettings,
     pub max_request_bytes: usize,
     pub large_body_budget_bytes: usize,
+    pub body_read_timeout: Duration,
     pub header_read_timeout: Duration,
     pub max_connections: usize,
     pub idle_timeout: Duration,
@@ -196,6 +217,7 @@ impl From<&ServeArgs> for ServerConfig {
             },
             max_request_bytes: a.max_request_bytes,
             large_body_budget_bytes: a.large_body_budget_bytes,
+            body_read_timeout: a.body_read_timeout,
             header_read_timeout: a.header_read_timeout,
             max_connections: a.max_connections,
             idle_timeout: a.idle_timeout,
@@ -208,6 +230,17 @@ impl From<&ServeArgs> for ServerConfig {
             lease_skew_allowance: a.lease_skew_allowance,
         }
     }
+}
+
+fn parse_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of lookups per second"))?;
+    if !rate.is_finite() || rate <= 0.0 || rate > 1_000_000.0 {
+        return Err("must be more than 0 and at most 1000000 per second".to_string());
+    }
+    Ok(rate)
 }
 
 fn parse_max_bytes(text: &str) -> Result<usize, String> {
@@ -241,6 +274,24 @@ mod tests {
         assert_eq!(format!("{from_flags:?}"), format!("{built:?}"));
         assert_eq!(cli.serve.lease_view_max_staleness, Duration::from_secs(60));
         assert_eq!(cli.serve.kubeconfig, None);
+        assert_eq!(
+            cli.serve.lease_lookup_rate,
+            crate::leases::DEFAULT_LOOKUP_RATE
+        );
+        assert_eq!(
+            cli.serve.lease_lookup_burst,
+            crate::leases::DEFAULT_LOOKUP_BURST
+        );
+        for bad in [
+            "--lease-lookup-rate=0",
+            "--lease-lookup-rate=nan",
+            "--lease-lookup-burst=1",
+        ] {
+            assert!(
+                Cli::try_parse_from(["x", "--tls-cert-file=c", "--tls-key-file=k", bad]).is_err(),
+                "{bad} accepted"
+            );
+        }
     }
 
     #[test]

@@ -244,8 +244,13 @@ fn counted<H: Handler>(
     Error = Infallible,
     Future = impl Future<Output = Result<Response<H::Body>, Infallible>> + Send + 'static,
 > + Clone {
-    hyper::service::service_fn(move |req: Request<Incoming>| {
+    hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let guard = state.begin_request();
+        if !req.body().is_end_stream() {
+            // Until the handler has read the body, this connection may be dropped for a new one.
+            let awaiting = state.awaiting_body();
+            req.extensions_mut().insert(awaiting);
+        }
         let call = handler.call(req);
         async move {
             let response = call.await;

@@ -106,6 +106,7 @@ impl Server {
             deps.metrics,
             config.max_request_bytes,
             config.large_body_budget_bytes,
+            config.body_read_timeout,
         );
         let admin_router = admin::router(Arc::clone(&health), deps.registry);
         Ok(Server {
@@ -297,10 +298,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Metrics::register(&mut registry);
     let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
     let leases = crate::leases::LeaseStore::spawn(client.clone());
-    let view = KubeLeaseView::on_store(
+    let view = KubeLeaseView::on_store_with_budget(
         leases.clone(),
         metrics.clone(),
         args.lease_view_max_staleness,
+        crate::leases::budget::LookupBudget::new(args.lease_lookup_rate, args.lease_lookup_burst),
     );
     let ready = Arc::clone(&view);
     let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());

@@ -22,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::admission::Admission;
 use crate::metrics::{Metrics, ResultLabels};
+use crate::server::conns::AwaitingBody;
 
 /// The body of every response of the admission listener.
 pub type ResponseBody = Full<Bytes>;
@@ -39,6 +40,8 @@ struct Validate {
     max_request_bytes: usize,
     /// Bytes of bodies larger than [`SMALL_BODY_BYTES`] that may be held at once.
     large_bodies: Arc<Semaphore>,
+    /// Longest a body may take to arrive after the headers (`--body-read-timeout`).
+    body_read_timeout: Duration,
 }
 
 /// Bodies up to this size never count against the large-body budget.
@@ -55,6 +58,7 @@ impl ValidateService {
         metrics: Metrics,
         max_request_bytes: usize,
         large_body_budget: usize,
+        body_read_timeout: Duration,
     ) -> Self {
         let budget = large_body_budget
             .max(max_request_bytes)
@@ -64,11 +68,12 @@ impl ValidateService {
             metrics,
             max_request_bytes,
             large_bodies: Arc::new(Semaphore::new(budget)),
+            body_read_timeout,
         }))
     }
 
     /// Answers one request of the admission listener.
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<ResponseBody>
+    pub async fn handle<B>(&self, mut req: Request<B>) -> Response<ResponseBody>
     where
         B: Body<Data = Bytes> + Unpin,
         B::Error: std::fmt::Display,
@@ -80,6 +85,9 @@ impl ValidateService {
         if req.method() != Method::POST {
             return v.reject(Rejected::MethodNotAllowed(req.method().clone()));
         }
+        // While it is held, the connection may be dropped to make room for a new one
+        // (conns.rs); released once the body is here.
+        let awaiting = req.extensions_mut().remove::<AwaitingBody>();
         // Most bodies have arrived with their headers: read them without arming a timer.
         let budget = BodyBudget {
             budget: &v.large_bodies,
@@ -88,10 +96,11 @@ impl ValidateService {
         let mut read = std::pin::pin!(read_body(req, v.max_request_bytes, budget));
         let read = match read.as_mut().now_or_never() {
             Some(done) => done,
-            None => tokio::time::timeout(BODY_READ_TIMEOUT, read)
+            None => tokio::time::timeout(v.body_read_timeout, read)
                 .await
-                .unwrap_or(Err(Rejected::TimedOut)),
+                .unwrap_or(Err(Rejected::TimedOut(v.body_read_timeout))),
         };
+        drop(awaiting);
         // The reservation (if the body is large) lives until the review is answered.
         let (body, _reserved) = match read {
             Ok(read) => read,
@@ -141,7 +150,7 @@ enum Rejected {
     MethodNotAllowed(Method),
     TooLarge,
     Unreadable(String),
-    TimedOut,
+    TimedOut(Duration),
     /// A large body that does not fit in the large-body budget now.
     Busy,
 }
@@ -152,7 +161,7 @@ impl Rejected {
             Rejected::MethodNotAllowed(_) => "method_not_allowed",
             Rejected::TooLarge => "too_large",
             Rejected::Unreadable(_) => "body_unreadable",
-            Rejected::TimedOut => "body_timeout",
+            Rejected::TimedOut(_) => "body_timeout",
             Rejected::Busy => "large_body_budget",
         }
     }
@@ -177,12 +186,9 @@ impl Rejected {
                 StatusCode::BAD_REQUEST,
                 format!("cannot read the request body: {e}\n"),
             ),
-            Rejected::TimedOut => (
+            Rejected::TimedOut(limit) => (
                 StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the request body did not arrive within {}s\n",
-                    BODY_READ_TIMEOUT.as_secs()
-                ),
+                format!("the request body did not arrive within {limit:?} of the headers\n"),
             ),
             Rejected::Busy => {
                 extra_header = Some((header::RETRY_AFTER, HeaderValue::from_static("1")));
@@ -201,10 +207,6 @@ impl Rejected {
         response
     }
 }
-
-/// Longest time a request body may take to arrive: kube-apiserver gives up on a webhook call
-/// after at most 30 s anyway.
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest time spent discarding the rest of an oversized body.
 const DRAIN_TIME: Duration = Duration::from_secs(5);

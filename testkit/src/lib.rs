@@ -4,6 +4,7 @@
 //!
 //! - [`certs`]: a test PKI (CA, serving and client certificates, rustls client configurations);
 //! - [`fixtures`]: realistic StorageVersions and AdmissionReviews as kube-apiserver writes them;
+//! - [`proxy`]: a fault-injecting TCP proxy (latency, cut connections, partition, heal);
 //! - [`http_get`], [`metric_sum`], [`poll_until`], [`base64`]: talking to the admin listener,
 //!   reading Prometheus text, waiting with a deadline, encoding a caBundle.
 //!
@@ -12,6 +13,7 @@
 
 pub mod certs;
 pub mod fixtures;
+pub mod proxy;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
