@@ -1116,6 +1116,36 @@ impl Sim {
     fn check_quiescence(&mut self) {
         let c = lock(&self.shared);
         let mut found = Vec::new();
+        // `audit`'s verdict on the same cluster (its pure judgement, on what the API holds).
+        let cms = format!("/api/v1/namespaces/{}/configmaps", crate::api::LEADER_NS);
+        let memory: storageversion_webhook::migrate::state::Memory = c
+            .get(&cms, "storageversion-webhook-migrate")
+            .and_then(|cm| cm["data"].as_object().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| {
+                let record =
+                    storageversion_webhook::migrate::state::parse(v.as_str().unwrap_or(""));
+                (k, record)
+            })
+            .collect();
+        let all_svs: Vec<storageversion_webhook::model::StorageVersion> = c
+            .table(SVS)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
+            .collect();
+        let all_svms: Vec<storageversion_webhook::migrate::svm::StorageVersionMigration> = c
+            .table(SVMS)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
+            .collect();
+        let audit_lists: BTreeSet<String> =
+            storageversion_webhook::migrate::audit::judge(&all_svs, &memory, &all_svms)
+                .into_iter()
+                .map(|s| s.storage_version)
+                .collect();
         for (r, (name, _, _)) in RESOURCES.iter().enumerate() {
             let Some(sv) = c.get(SVS, name) else {
                 found.push(format!("I5: no StorageVersion {name} at quiescence"));
@@ -1160,6 +1190,21 @@ impl Sim {
                 found.push(format!(
                     "I5: at quiescence every apiserver encodes {name} as {agreed}, no migration of it is pending, yet stored objects are in another version: {}",
                     old.join(", ")
+                ));
+            }
+            // audit says the same: it lists the resource exactly when objects are in another
+            // version or a migration of it is pending.
+            let listed = audit_lists.contains(*name);
+            if !old.is_empty() && !listed {
+                found.push(format!(
+                    "I5: audit calls {name} clean at quiescence, yet stored objects are in another version: {}",
+                    old.join(", ")
+                ));
+            }
+            if listed && old.is_empty() && !pending && memory.contains_key(*name) {
+                found.push(format!(
+                    "I5: audit lists {name} at quiescence, yet every stored object is in {agreed} and no migration of it is pending (record {:?})",
+                    memory.get(*name)
                 ));
             }
         }
