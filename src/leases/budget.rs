@@ -7,6 +7,9 @@
 //!   reserved for kube-apiserver's own reviews (`system:apiserver`): they take from their share
 //!   first, then from the shared rest, so other clients' lookups can never spend it all. Nothing
 //!   ever waits for a token: a review over the budget is answered at once.
+//! - [`FoundCache`]: a lease a live lookup found answers lookups of it for a few seconds, so the
+//!   burst of reviews kube-apiserver sends at its start, all naming its new lease before the
+//!   watch delivers it, costs one GET, not one per review.
 //! - [`NegativeCache`]: a live NotFound is remembered for a few seconds, so a flood naming the
 //!   same missing IDs costs one GET per ID per TTL. The view consults it only for other
 //!   requesters, only when the lease is absent from the watch cache, and only while the watch is
@@ -29,6 +32,12 @@ pub const NEGATIVE_CACHE_TTL: Duration = Duration::from_secs(5);
 /// Most IDs remembered as NotFound at once. The budget bounds the inserts to
 /// burst + rate × TTL within one TTL (240 with the defaults); this bound holds whatever the flags.
 pub const NEGATIVE_CACHE_MAX: usize = 4096;
+/// How long a lease found by a live lookup answers later lookups of it (as a watch event that
+/// arrives late would: a lease deleted meanwhile can be taken for live this long, never the
+/// other way round).
+pub const FOUND_CACHE_TTL: Duration = Duration::from_secs(5);
+/// Most leases remembered as found at once (bounded by the budget like the NotFounds).
+pub const FOUND_CACHE_MAX: usize = 4096;
 
 /// Who asks for a lookup: kube-apiserver's own review, or anyone else.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,60 +129,81 @@ impl LookupBudget {
     }
 }
 
-/// IDs a live lookup found missing, for [`NEGATIVE_CACHE_TTL`].
-#[derive(Debug)]
-pub struct NegativeCache {
+/// Answers of live lookups, each remembered for a TTL: IDs found missing ([`NegativeCache`]) or
+/// leases found ([`FoundCache`]). Bounded: when full, expired entries are dropped first; if it is
+/// still full, a new ID is not remembered (its next lookup is live).
+pub struct RecentCache<V> {
     ttl: Duration,
     max: usize,
-    missing: Mutex<HashMap<String, Instant>>,
+    entries: Mutex<HashMap<String, (Instant, V)>>,
 }
 
-impl NegativeCache {
+/// IDs a live lookup found missing, for [`NEGATIVE_CACHE_TTL`].
+pub type NegativeCache = RecentCache<()>;
+
+/// Leases a live lookup found, for [`FOUND_CACHE_TTL`]: kube-apiserver's own reviews at its
+/// start all name its new lease, before the watch (broken by the restart) delivers it; without
+/// this each of them cost a live GET and the burst ran out on kube-apiserver's own writes.
+pub type FoundCache = RecentCache<crate::model::LeaseRecord>;
+
+impl<V: Clone> RecentCache<V> {
     pub fn new(ttl: Duration, max: usize) -> Self {
-        NegativeCache {
+        RecentCache {
             ttl,
             max,
-            missing: Mutex::new(HashMap::new()),
+            entries: Mutex::new(HashMap::new()),
         }
     }
 
-    /// True when a live lookup found `id` missing less than the TTL ago.
-    pub fn is_missing(&self, id: &str) -> bool {
-        let missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
-        missing
-            .get(id)
-            .is_some_and(|seen| seen.elapsed() < self.ttl)
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, V)>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Remembers that a live lookup found `id` missing now. When full, expired entries are
-    /// dropped first; if it is still full, `id` is not remembered (its next lookup is live).
-    pub fn insert(&self, id: &str) {
-        let mut missing = self.missing.lock().unwrap_or_else(|e| e.into_inner());
-        if missing.len() >= self.max && !missing.contains_key(id) {
+    /// What was remembered of `id` less than the TTL ago.
+    pub fn get(&self, id: &str) -> Option<V> {
+        self.lock()
+            .get(id)
+            .filter(|(seen, _)| seen.elapsed() < self.ttl)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Remembers `value` for `id` from now.
+    pub fn remember(&self, id: &str, value: V) {
+        let mut entries = self.lock();
+        if entries.len() >= self.max && !entries.contains_key(id) {
             let ttl = self.ttl;
-            missing.retain(|_, seen| seen.elapsed() < ttl);
-            if missing.len() >= self.max {
+            entries.retain(|_, (seen, _)| seen.elapsed() < ttl);
+            if entries.len() >= self.max {
                 return;
             }
         }
-        missing.insert(id.to_string(), Instant::now());
+        entries.insert(id.to_string(), (Instant::now(), value));
     }
 
-    /// Forgets `id` (a live lookup found it).
+    /// Forgets `id`.
     pub fn forget(&self, id: &str) {
-        self.missing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        self.lock().remove(id);
     }
 
     /// Entries held now (some may have expired and not been dropped yet).
     pub fn len(&self) -> usize {
-        self.missing.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+impl RecentCache<()> {
+    /// True when a live lookup found `id` missing less than the TTL ago.
+    pub fn is_missing(&self, id: &str) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Remembers that a live lookup found `id` missing now.
+    pub fn insert(&self, id: &str) {
+        self.remember(id, ());
     }
 }
 

@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::budget::{LookupBudget, NegativeCache, NEGATIVE_CACHE_MAX, NEGATIVE_CACHE_TTL};
+use super::budget::{
+    FoundCache, LookupBudget, NegativeCache, FOUND_CACHE_MAX, FOUND_CACHE_TTL, NEGATIVE_CACHE_MAX,
+    NEGATIVE_CACHE_TTL,
+};
 use super::{could_be_lease_name, LeaseStore, LeaseView, Requester};
 use crate::metrics::{Metrics, ResultLabels};
 use crate::model::{LeaseLookup, LeaseRecord, IDENTITY_LEASE_NAMESPACE};
@@ -30,6 +33,8 @@ pub struct KubeLeaseView {
     budget: LookupBudget,
     /// Live NotFounds of the last few seconds.
     missing: NegativeCache,
+    /// Leases live lookups found in the last few seconds.
+    found: FoundCache,
 }
 
 /// Default of `--lease-lookup-rate`: live lease lookups per second, all reviews together.
@@ -75,6 +80,7 @@ impl KubeLeaseView {
             max_staleness,
             budget,
             missing: NegativeCache::new(NEGATIVE_CACHE_TTL, NEGATIVE_CACHE_MAX),
+            found: FoundCache::new(FOUND_CACHE_TTL, FOUND_CACHE_MAX),
         });
         tokio::spawn(report_staleness(Arc::downgrade(&view)));
         view
@@ -129,8 +135,14 @@ impl KubeLeaseView {
             ),
         };
         match &lookup {
-            LeaseLookup::NotFound => self.missing.insert(id),
-            LeaseLookup::Found(_) => self.missing.forget(id),
+            LeaseLookup::NotFound => {
+                self.missing.insert(id);
+                self.found.forget(id);
+            }
+            LeaseLookup::Found(record) => {
+                self.missing.forget(id);
+                self.found.remember(id, record.clone());
+            }
             _ => {}
         }
         self.count(label);
@@ -149,6 +161,12 @@ impl LeaseView for KubeLeaseView {
     fn lookup_as<'a>(&'a self, id: &'a str, who: Requester) -> BoxFuture<'a, LeaseLookup> {
         if let Some(answer) = LeaseView::cached(self, id) {
             return Box::pin(std::future::ready(answer));
+        }
+        // A live lookup found it a moment ago (the watch has not delivered it yet): the same
+        // answer, for anyone; a lease found, like a cached one, can only allow.
+        if let Some(record) = self.found.get(id).filter(looks_live) {
+            self.cache_hits.inc();
+            return Box::pin(std::future::ready(LeaseLookup::Found(record)));
         }
         // A miss, or a cached lease that looks dead: ask the API server before judging.
         if who == Requester::Other
@@ -282,6 +300,41 @@ mod tests {
         store.failed(&watcher::Error::NoResourceVersion);
         assert!(view
             .lookup_as("gone", Requester::Other)
+            .now_or_never()
+            .is_none());
+    }
+
+    /// A lease a live lookup found a moment ago answers the next lookups of it at once, without
+    /// the budget (kube-apiserver's burst of reviews at its start, before the watch delivers its
+    /// new lease); an expired one does not.
+    #[tokio::test]
+    async fn a_lease_found_live_answers_the_next_lookups_without_the_budget() {
+        use futures::FutureExt;
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store_with_budget(
+            store.clone(),
+            metrics,
+            Duration::from_secs(60),
+            LookupBudget::new(0.001, 2),
+        );
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        let live = crate::model::LeaseRecord::live_apiserver("apiserver-new");
+        view.found.remember("apiserver-new", live.clone());
+        for _ in 0..100 {
+            assert_eq!(
+                view.lookup_as("apiserver-new", Requester::ApiServer)
+                    .now_or_never(),
+                Some(LeaseLookup::Found(live.clone()))
+            );
+        }
+        // An expired record is no answer: the lookup goes live.
+        let stale = LeaseRecord::from_lease(&unrenewed_lease("apiserver-old"));
+        view.found.remember("apiserver-old", stale);
+        assert!(view
+            .lookup_as("apiserver-old", Requester::ApiServer)
             .now_or_never()
             .is_none());
     }
