@@ -250,6 +250,22 @@ mod tests {
         LeaseStore::detached(kube::Client::new(service, "default"))
     }
 
+    /// A view on a detached store that has listed (nothing), with `budget`.
+    fn synced_view(budget: LookupBudget) -> (LeaseStore, Arc<KubeLeaseView>) {
+        let store = detached_store();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let view = KubeLeaseView::on_store_with_budget(
+            store.clone(),
+            metrics,
+            Duration::from_secs(60),
+            budget,
+        );
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitDone);
+        (store, view)
+    }
+
     /// A Lease named `name` with the identity label and no renewTime: cached, but it looks
     /// expired, so a lookup must go live.
     fn unrenewed_lease(name: &str) -> k8s_openapi::api::coordination::v1::Lease {
@@ -267,17 +283,7 @@ mod tests {
     #[tokio::test]
     async fn a_remembered_not_found_is_used_only_when_it_cannot_hide_a_lease() {
         use futures::FutureExt;
-        let store = detached_store();
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Metrics::register(&mut registry);
-        let view = KubeLeaseView::on_store_with_budget(
-            store.clone(),
-            metrics,
-            Duration::from_secs(60),
-            LookupBudget::new(100.0, 100),
-        );
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitDone);
+        let (store, view) = synced_view(LookupBudget::new(100.0, 100));
         view.missing.insert("gone");
         view.missing.insert("back");
         assert_eq!(
@@ -310,17 +316,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_found_live_answers_the_next_lookups_without_the_budget() {
         use futures::FutureExt;
-        let store = detached_store();
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Metrics::register(&mut registry);
-        let view = KubeLeaseView::on_store_with_budget(
-            store.clone(),
-            metrics,
-            Duration::from_secs(60),
-            LookupBudget::new(0.001, 2),
-        );
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitDone);
+        let (_store, view) = synced_view(LookupBudget::new(0.001, 2));
         let live = crate::model::LeaseRecord::live_apiserver("apiserver-new");
         view.found.remember("apiserver-new", live.clone());
         for _ in 0..100 {
@@ -343,17 +339,7 @@ mod tests {
     #[tokio::test]
     async fn over_the_budget_a_lookup_fails_at_once() {
         use futures::FutureExt;
-        let store = detached_store();
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Metrics::register(&mut registry);
-        let view = KubeLeaseView::on_store_with_budget(
-            store.clone(),
-            metrics,
-            Duration::from_secs(60),
-            LookupBudget::new(0.001, 4),
-        );
-        store.apply(watcher::Event::Init);
-        store.apply(watcher::Event::InitDone);
+        let (_store, view) = synced_view(LookupBudget::new(0.001, 4));
         let ids: Vec<String> = (0..3).map(|i| format!("x{i}")).collect();
         let mut live = Vec::new();
         for id in &ids {
