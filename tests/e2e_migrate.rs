@@ -693,3 +693,106 @@ async fn failed_migration_is_reported_once_and_not_recreated() {
     );
     eprintln!("failure test took {:?}", t_test.elapsed());
 }
+
+/// Kubernetes 1.35 and 1.36 serve StorageVersionMigration only as
+/// `storagemigration.k8s.io/v1beta1`, and only when the operator turns it on (the
+/// StorageVersionMigrator feature gate and the API; v1 is GA from 1.37). On a real kube-apiserver
+/// 1.36 with it on, the trigger finds the version by discovery and creates the migration there;
+/// the apiserver restarted without it, the trigger begins nothing and says why in its log, every
+/// pass, without an error.
+#[tokio::test(flavor = "multi_thread")]
+async fn on_kubernetes_1_36_migrations_are_made_in_v1beta1_when_it_is_served() {
+    let _serial = serial().await;
+    let beta_on = "--runtime-config=storagemigration.k8s.io/v1beta1=true --feature-gates=StorageVersionMigrator=true";
+    let cp = ControlPlane::up_with_env(
+        &["--version", "1.36"],
+        &[("SVW_APISERVER_EXTRA_ARGS", beta_on)],
+    )
+    .await;
+    assert_eq!(
+        svm::ApiVersion::discover(&cp.client)
+            .await
+            .expect("discovery"),
+        Some(svm::ApiVersion::V1beta1),
+        "kube-apiserver 1.36 with the beta API on should serve v1beta1 and not v1"
+    );
+    seed_agreeing_on_v1(&cp).await;
+    let certs = Certs::generate();
+    let hook = start_replica(&cp, &certs, "1s").await;
+    poll_until(MINUTE, "the replica to lead", || async {
+        leads(&hook.metrics().await)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v1")).await;
+
+    // Both entries move to v2: after the settle time, one migration, in v1beta1.
+    set(&cp, two_entries("v2", "v2", &["v1", "v2"], &["v1", "v2"])).await;
+    poll_until(MINUTE, "a migration of the widgets", || async {
+        !widget_migrations(&cp).await.is_empty()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let made = widget_migrations(&cp).await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    let raw = cp
+        .kubectl()
+        .args([
+            "get",
+            "--raw",
+            "/apis/storagemigration.k8s.io/v1beta1/storageversionmigrations",
+        ])
+        .output()
+        .expect("kubectl get --raw");
+    let raw = String::from_utf8_lossy(&raw.stdout);
+    assert!(
+        raw.contains(&made[0]),
+        "{} not listed in v1beta1: {raw}",
+        made[0]
+    );
+    let logs = hook.logs_text();
+    assert!(
+        logs.contains("storagemigration.k8s.io/v1beta1"),
+        "the trigger did not say which API version it uses:\n{logs}"
+    );
+
+    // The apiserver restarted without the beta API: discovery finds neither version; nothing
+    // is begun for a new agreement (v3), and the log says why once.
+    cp.run_with_env(&["restart-apiserver"], &[("SVW_APISERVER_EXTRA_ARGS", "")]);
+    assert_eq!(
+        svm::ApiVersion::discover(&cp.client)
+            .await
+            .expect("discovery"),
+        None
+    );
+    set(
+        &cp,
+        two_entries("v3", "v3", &["v1", "v2", "v3"], &["v1", "v2", "v3"]),
+    )
+    .await;
+    poll_until(
+        MINUTE,
+        "the trigger to say the API is not served",
+        || async {
+            hook.logs_text()
+                .contains("serves neither storagemigration.k8s.io/v1")
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    wait_remembered(&cp, W_SV, &format!("{W_GROUP}/v3")).await;
+    wait_passes(&hook, 5.0).await;
+    let m = hook.metrics().await;
+    assert_eq!(
+        migration_metric(&m, "created_total", &[]),
+        1.0,
+        "only the v1beta1 migration is created:\n{m}"
+    );
+    assert_eq!(
+        hook.logs_text()
+            .matches("serves neither storagemigration.k8s.io/v1")
+            .count(),
+        1,
+        "the warning is logged once, not every pass"
+    );
+}

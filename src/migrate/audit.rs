@@ -49,11 +49,13 @@ pub struct StaleStorage {
 /// something may be stored in another version and no migration has begun since, and while the
 /// last migration has not succeeded (failed, running, or gone) and no later one of the same
 /// resource has. A resource never remembered (the trigger never ran) is not listed. Pure; it
-/// folds in what is seen now exactly as the trigger does ([`Record::observe`]).
+/// folds in what is seen now exactly as the trigger does ([`Record::observe`]). The fix it prints
+/// creates a migration in `v`, the API version the cluster serves.
 pub fn judge(
     svs: &[StorageVersion],
     memory: &Memory,
     migrations: &[StorageVersionMigration],
+    v: svm::ApiVersion,
 ) -> Vec<StaleStorage> {
     let by_name: BTreeMap<&str, &StorageVersionMigration> =
         migrations.iter().map(|m| (m.name(), m)).collect();
@@ -67,7 +69,7 @@ pub fn judge(
             continue;
         };
         let record = Record::observe(Some(previous), sv.metadata.uid.as_deref(), &sv.status);
-        let create = create_command(name, &gr);
+        let create = create_command(name, &gr, v);
         let stale =
             |encoding: Option<String>, others: String, problem: String, fix: String| StaleStorage {
                 storage_version: name.to_string(),
@@ -159,12 +161,13 @@ pub fn judge(
     out
 }
 
-/// The kubectl command that creates a fresh migration of `gr` (a new name each time).
-pub fn create_command(storageversion: &str, gr: &svm::GroupResource) -> String {
+/// The kubectl command that creates a fresh migration of `gr` (a new name each time), in the API
+/// version `v` the cluster serves.
+pub fn create_command(storageversion: &str, gr: &svm::GroupResource, v: svm::ApiVersion) -> String {
     let prefix = svm::manual_prefix(storageversion);
     format!(
         "kubectl create -f - <<'EOF'\napiVersion: {}\nkind: {}\nmetadata:\n  generateName: {prefix}-\nspec:\n  resource:\n    group: \"{}\"\n    resource: {}\nEOF",
-        svm::API_VERSION,
+        v.api_version(),
         svm::KIND,
         gr.group,
         gr.resource
@@ -172,7 +175,8 @@ pub fn create_command(storageversion: &str, gr: &svm::GroupResource) -> String {
 }
 
 /// Reads the state ConfigMap and the migrations, and judges `svs`. A cluster without the
-/// storagemigration.k8s.io/v1 API or without the ConfigMap has nothing to report.
+/// ConfigMap has nothing to report; one without a StorageVersionMigration API we use
+/// (storagemigration.k8s.io/v1 or v1beta1) has no migrations.
 pub async fn fetch(
     client: kube::Client,
     args: &AuditMigrateArgs,
@@ -188,15 +192,24 @@ pub async fn fetch(
         return Ok(Vec::new());
     }
     // Every migration, not only ours: one made by hand with the printed command counts too.
-    let api: Api<StorageVersionMigration> = Api::all(client);
-    let migrations = match api.list(&ListParams::default()).await {
-        Ok(l) => l.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
-        Err(e) => {
-            return Err(e).context("cannot list storageversionmigrations.storagemigration.k8s.io")
+    let served = svm::ApiVersion::discover(&client)
+        .await
+        .context("cannot discover the storagemigration.k8s.io API")?;
+    let migrations = match served {
+        None => Vec::new(),
+        Some(v) => {
+            let api: Api<StorageVersionMigration> = Api::all_with(client, &v);
+            match api.list(&ListParams::default()).await {
+                Ok(l) => l.items,
+                Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+                Err(e) => {
+                    return Err(e)
+                        .context("cannot list storageversionmigrations.storagemigration.k8s.io")
+                }
+            }
         }
     };
-    Ok(judge(svs, &memory, &migrations))
+    Ok(judge(svs, &memory, &migrations, served.unwrap_or_default()))
 }
 
 /// Adds the stale-storage findings to an `audit` report (one more LIST of StorageVersions, the
@@ -306,21 +319,32 @@ mod tests {
             ("g.others", remembered("g/v1", &["g/v1"], None)),
         ]);
         // Changed and not migrated yet.
-        let r = judge(&[sv("g.things", &["g/v1", "g/v1"])], &m, &[]);
+        let r = judge(
+            &[sv("g.things", &["g/v1", "g/v1"])],
+            &m,
+            &[],
+            super::svm::ApiVersion::V1,
+        );
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].other_versions, "g/v1beta1");
         assert!(r[0].fix.contains("kind: StorageVersionMigration"));
         assert!(r[0].fix.contains("resource: things"));
         assert!(r[0].fix.contains("generateName: g.things-manual-"));
         // Disagreeing: objects are being written in two versions.
-        let r = judge(&[sv("g.things", &["g/v1", "g/v1beta1"])], &m, &[]);
+        let r = judge(
+            &[sv("g.things", &["g/v1", "g/v1beta1"])],
+            &m,
+            &[],
+            super::svm::ApiVersion::V1,
+        );
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].encoding_version, None);
         // Unchanged and never migrated, or never remembered: nothing.
         assert!(judge(
             &[sv("g.others", &["g/v1"]), sv("g.new", &["g/v1"])],
             &m,
-            &[]
+            &[],
+            super::svm::ApiVersion::V1
         )
         .is_empty());
         // Migrated: begun after the last disagreement and succeeded.
@@ -336,7 +360,8 @@ mod tests {
         assert!(judge(
             &[sv("g.things", &["g/v1"])],
             &done,
-            std::slice::from_ref(&ok)
+            std::slice::from_ref(&ok),
+            super::svm::ApiVersion::V1
         )
         .is_empty());
         // Defect 3: written in v1beta1 again after that migration (a rollback): listed again,
@@ -345,7 +370,12 @@ mod tests {
             "g.things",
             remembered("g/v1", &["g/v1", "g/v1beta1"], Some("g.things-v1-1")),
         )]);
-        let r = judge(&[sv("g.things", &["g/v1"])], &again, &[ok]);
+        let r = judge(
+            &[sv("g.things", &["g/v1"])],
+            &again,
+            &[ok],
+            super::svm::ApiVersion::V1,
+        );
         assert_eq!(r.len(), 1, "{r:?}");
         assert_eq!(r[0].other_versions, "g/v1beta1");
         // Failed: listed with the fix; a later successful manual migration clears it.
@@ -358,6 +388,7 @@ mod tests {
             &[sv("g.things", &["g/v1"])],
             &done,
             std::slice::from_ref(&failed),
+            super::svm::ApiVersion::V1,
         );
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].phase, Some("failed"));
@@ -372,7 +403,8 @@ mod tests {
         assert!(judge(
             &[sv("g.things", &["g/v1"])],
             &done,
-            &[failed.clone(), manual]
+            &[failed.clone(), manual],
+            super::svm::ApiVersion::V1
         )
         .is_empty());
         // Running: listed, with the command to watch it.
@@ -381,10 +413,20 @@ mod tests {
             "2026-01-01T00:00:00Z",
             Some(("Running", "1/2")),
         );
-        let r = judge(&[sv("g.things", &["g/v1"])], &done, &[running]);
+        let r = judge(
+            &[sv("g.things", &["g/v1"])],
+            &done,
+            &[running],
+            super::svm::ApiVersion::V1,
+        );
         assert_eq!(r[0].phase, Some("running"));
         // Begun but gone before it succeeded: listed with the command that makes a new one.
-        let r = judge(&[sv("g.things", &["g/v1"])], &done, &[]);
+        let r = judge(
+            &[sv("g.things", &["g/v1"])],
+            &done,
+            &[],
+            super::svm::ApiVersion::V1,
+        );
         assert_eq!(r.len(), 1);
         assert!(r[0].problem.contains("does not exist"), "{}", r[0].problem);
         assert!(render_text(&[]).is_empty());

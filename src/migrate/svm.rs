@@ -1,19 +1,76 @@
-//! `storagemigration.k8s.io/v1` `StorageVersionMigration`: our own serde types (k8s-openapi's
-//! feature set does not include it), the deterministic name of the migration for a
-//! (resource, version), and how to read a migration's phase from its conditions.
+//! `storagemigration.k8s.io` `StorageVersionMigration`: our own serde types (k8s-openapi's
+//! feature set does not include it), which served version of the API to use, the deterministic
+//! name of the migration for a (resource, version), and how to read a migration's phase from its
+//! conditions.
 //!
-//! Schema as served by kube-apiserver v1.37: `spec.resource` is a `{group, resource}`
-//! (no version: the migrator rewrites every object in whatever version the apiservers encode
-//! now), `status.conditions` are `metav1.Condition`s of type `Running`, `Succeeded`, `Failed`,
-//! and `status.resourceVersion` is the list resourceVersion the migration covers.
+//! Schema as served by kube-apiserver v1.37 (`v1`) and v1.35-v1.36 (`v1beta1`, the same):
+//! `spec.resource` is a `{group, resource}` (no version: the migrator rewrites every object in
+//! whatever version the apiservers encode now), `status.conditions` are `metav1.Condition`s of
+//! type `Running`, `Succeeded`, `Failed`, and `status.resourceVersion` is the list
+//! resourceVersion the migration covers. `v1alpha1` (v1.30-v1.34) has another schema (a
+//! `{group, version, resource}` and its own condition type) and is not used.
 
 use serde::{Deserialize, Serialize};
 
 pub const GROUP: &str = "storagemigration.k8s.io";
-pub const VERSION: &str = "v1";
-pub const API_VERSION: &str = "storagemigration.k8s.io/v1";
 pub const KIND: &str = "StorageVersionMigration";
 pub const PLURAL: &str = "storageversionmigrations";
+
+/// A served version of the API with the schema above. `v1` is GA and on by default from
+/// Kubernetes 1.37; on 1.35 and 1.36 only `v1beta1` exists, off unless the operator turns on the
+/// `StorageVersionMigrator` feature gate and `--runtime-config=storagemigration.k8s.io/v1beta1=true`
+/// (kube-apiserver and kube-controller-manager, whose controller runs the migrations).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ApiVersion {
+    #[default]
+    V1,
+    V1beta1,
+}
+
+impl ApiVersion {
+    /// In order of preference.
+    pub const ALL: [ApiVersion; 2] = [ApiVersion::V1, ApiVersion::V1beta1];
+
+    pub fn version(self) -> &'static str {
+        match self {
+            ApiVersion::V1 => "v1",
+            ApiVersion::V1beta1 => "v1beta1",
+        }
+    }
+
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ApiVersion::V1 => "storagemigration.k8s.io/v1",
+            ApiVersion::V1beta1 => "storagemigration.k8s.io/v1beta1",
+        }
+    }
+
+    /// The preferred one of ours among the versions the group serves (from discovery).
+    pub fn choose<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<ApiVersion> {
+        let served: Vec<&str> = served.into_iter().collect();
+        ApiVersion::ALL
+            .into_iter()
+            .find(|v| served.contains(&v.version()))
+    }
+
+    /// Asks the cluster which of ours it serves (`GET /apis/storagemigration.k8s.io`, a few
+    /// hundred bytes); `Ok(None)` when the group is not served or serves neither.
+    pub async fn discover(client: &kube::Client) -> Result<Option<ApiVersion>, kube::Error> {
+        let request = hyper::Request::get(format!("/apis/{GROUP}"))
+            .body(Vec::new())
+            .map_err(kube::Error::HttpError)?;
+        match client
+            .request::<k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup>(request)
+            .await
+        {
+            Ok(group) => Ok(ApiVersion::choose(
+                group.versions.iter().map(|v| v.version.as_str()),
+            )),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
 
 /// Label on every migration this program creates (and the selector it lists them by).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -80,7 +137,34 @@ pub struct MigrationCondition {
     pub message: String,
 }
 
-crate::model::cluster_resource!(StorageVersionMigration);
+/// Like `model::cluster_resource!`, with the served version as the dynamic type:
+/// `Api::all_with(client, &version)` (`Api::all` is `v1`).
+impl kube::Resource for StorageVersionMigration {
+    type DynamicType = ApiVersion;
+    type Scope = kube::core::ClusterResourceScope;
+
+    fn kind(_: &ApiVersion) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(KIND)
+    }
+    fn group(_: &ApiVersion) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(GROUP)
+    }
+    fn version(v: &ApiVersion) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(v.version())
+    }
+    fn api_version(v: &ApiVersion) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(v.api_version())
+    }
+    fn plural(_: &ApiVersion) -> std::borrow::Cow<'_, str> {
+        std::borrow::Cow::Borrowed(PLURAL)
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.metadata
+    }
+}
 
 /// Where a migration stands, from its conditions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -253,6 +337,24 @@ fn fnv1a(data: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_api_version_is_v1_where_served_else_v1beta1_never_v1alpha1() {
+        assert_eq!(ApiVersion::choose(["v1", "v1beta1"]), Some(ApiVersion::V1));
+        assert_eq!(ApiVersion::choose(["v1beta1", "v1"]), Some(ApiVersion::V1));
+        assert_eq!(ApiVersion::choose(["v1beta1"]), Some(ApiVersion::V1beta1));
+        assert_eq!(ApiVersion::choose(["v1alpha1"]), None);
+        assert_eq!(ApiVersion::choose([]), None);
+        use kube::Resource;
+        assert_eq!(
+            StorageVersionMigration::api_version(&ApiVersion::V1beta1),
+            "storagemigration.k8s.io/v1beta1"
+        );
+        assert_eq!(
+            StorageVersionMigration::api_version(&ApiVersion::default()),
+            "storagemigration.k8s.io/v1"
+        );
+    }
 
     fn is_dns_subdomain(n: &str) -> bool {
         n.len() <= MAX_NAME

@@ -42,6 +42,9 @@ pub struct Trigger {
     recorder: Recorder,
 }
 
+/// The StorageVersionMigration API version asked for is not served (any more).
+struct NotServed;
+
 /// What one leadership term remembers between passes.
 #[derive(Default)]
 struct Term {
@@ -56,6 +59,9 @@ struct Term {
     phases: HashMap<String, Phase>,
     /// Last decision kind logged per StorageVersion (to log changes only).
     logged: HashMap<String, String>,
+    /// The StorageVersionMigration API version found by the last discovery (outer None: not
+    /// asked yet; inner None: not served), to log changes only.
+    api: Option<Option<svm::ApiVersion>>,
 }
 
 impl Trigger {
@@ -166,7 +172,19 @@ impl Trigger {
             }
         };
         // Our migrations, before deciding: a new one's number must be above every existing one's.
-        let ours = self.list_ours().await;
+        // Without a served API version nothing is begun (decisions are still remembered).
+        let api = self.discover(t).await;
+        let ours = match api {
+            Some(v) => match self.list_ours(v).await {
+                Ok(list) => list.map(|list| (v, list)),
+                Err(NotServed) => {
+                    // Asked again at the next pass.
+                    t.api = None;
+                    None
+                }
+            },
+            None => None,
+        };
         let now = Instant::now();
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
         let present: HashSet<&str> = svs.iter().map(|s| s.name()).collect();
@@ -179,7 +197,7 @@ impl Trigger {
             let previous = t.memory.as_ref().and_then(|m| m.get(&name)).cloned();
             let mut record =
                 Record::observe(previous.as_ref(), sv.metadata.uid.as_deref(), &sv.status);
-            if let (Some(list), Some(m)) = (&ours, record.migration.clone()) {
+            if let (Some((v, list)), Some(m)) = (&ours, record.migration.clone()) {
                 match list.iter().find(|o| o.name() == m) {
                     Some(o) => {
                         record.created = true;
@@ -188,7 +206,9 @@ impl Trigger {
                     None if !record.created => {
                         // Begun (recorded) by a leader that stopped before creating it.
                         let to = record.agreed.clone().unwrap_or_default();
-                        record.created = self.create(sv, &m, record.sequence, "unknown", &to).await;
+                        record.created = self
+                            .create(*v, sv, &m, record.sequence, "unknown", &to)
+                            .await;
                     }
                     None => {}
                 }
@@ -198,8 +218,8 @@ impl Trigger {
             t.seen.insert(name.clone(), seen);
             *counts.entry(state_label(&decision)).or_default() += 1;
             self.log_decision(t, &name, &decision);
-            if let (Decision::Migrate { from, to }, Some(list)) = (&decision, &ours) {
-                record = self.begin(t, sv, record, list, from, to).await;
+            if let (Decision::Migrate { from, to }, Some((v, list))) = (&decision, &ours) {
+                record = self.begin(t, *v, sv, record, list, from, to).await;
             }
             if previous.as_ref() != Some(&record) {
                 if let Some(m) = t.memory.as_mut() {
@@ -215,8 +235,8 @@ impl Trigger {
                 .set(counts.get(s).copied().unwrap_or(0));
         }
         self.save_if_dirty(t).await;
-        if let Some(list) = ours {
-            self.follow_migrations(t, &list, &svs).await;
+        if let Some((v, list)) = ours {
+            self.follow_migrations(t, v, &list, &svs).await;
         }
         self.metrics.checks.inc();
     }
@@ -224,9 +244,11 @@ impl Trigger {
     /// Begins migration number n+1 of `sv`: records it in the state ConfigMap first (so that no
     /// leader ever begins a second one for the same need, nor reuses a name), then creates it.
     /// Returns the record to keep: begun, or as it was if the state could not be written.
+    #[allow(clippy::too_many_arguments)]
     async fn begin(
         &self,
         t: &mut Term,
+        v: svm::ApiVersion,
         sv: &StorageVersion,
         record: Record,
         ours: &[StorageVersionMigration],
@@ -254,7 +276,7 @@ impl Trigger {
             }
             return record;
         }
-        begun.created = self.create(sv, &mname, sequence, from, to).await;
+        begun.created = self.create(v, sv, &mname, sequence, from, to).await;
         begun
     }
 
@@ -321,6 +343,7 @@ impl Trigger {
     /// afterwards (created now or before, by us or another replica).
     async fn create(
         &self,
+        v: svm::ApiVersion,
         sv: &StorageVersion,
         mname: &str,
         sequence: u64,
@@ -337,7 +360,7 @@ impl Trigger {
             return false;
         };
         let obj: StorageVersionMigration = match serde_json::from_value(serde_json::json!({
-            "apiVersion": svm::API_VERSION,
+            "apiVersion": v.api_version(),
             "kind": svm::KIND,
             "metadata": {
                 "name": mname,
@@ -358,7 +381,7 @@ impl Trigger {
                 return false;
             }
         };
-        let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
+        let api: Api<StorageVersionMigration> = Api::all_with(self.client.clone(), &v);
         let created =
             tokio::time::timeout(CALL_TIMEOUT, api.create(&PostParams::default(), &obj)).await;
         let result = match created {
@@ -414,27 +437,78 @@ impl Trigger {
         Err(result)
     }
 
-    /// Lists our migrations (None: the list failed, or the API is not served).
-    async fn list_ours(&self) -> Option<Vec<StorageVersionMigration>> {
-        let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
+    /// Which StorageVersionMigration API version to use this pass (None: the cluster serves
+    /// neither, or discovery failed); a change is logged once. The version found is kept for the
+    /// term, and discovery asked again only while none is served (so turning the API on, or an
+    /// upgrade to 1.37, is noticed at the next pass) or after a list answered 404 (the version
+    /// was turned off or removed).
+    async fn discover(&self, t: &mut Term) -> Option<svm::ApiVersion> {
+        if let Some(Some(v)) = t.api {
+            return Some(v);
+        }
+        let found = match tokio::time::timeout(
+            CALL_TIMEOUT,
+            svm::ApiVersion::discover(&self.client),
+        )
+        .await
+        {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
+                self.metrics.error("discover_api");
+                tracing::debug!(error = %e, "cannot discover the storagemigration.k8s.io API; no migration is begun this pass");
+                return None;
+            }
+            Err(_) => {
+                self.metrics.error("discover_api");
+                tracing::debug!("discovering the storagemigration.k8s.io API timed out; no migration is begun this pass");
+                return None;
+            }
+        };
+        if t.api != Some(found) {
+            match found {
+                Some(v) => tracing::info!(
+                    api_version = v.api_version(),
+                    "StorageVersionMigrations will be created in this API version"
+                ),
+                None => tracing::warn!(
+                    "the cluster serves neither storagemigration.k8s.io/v1 (Kubernetes 1.37 and later) \
+                     nor v1beta1 (1.35 and 1.36 with the StorageVersionMigrator feature gate and \
+                     --runtime-config=storagemigration.k8s.io/v1beta1=true): no migration can be begun; \
+                     agreements are still followed and remembered"
+                ),
+            }
+            t.api = Some(found);
+        }
+        found
+    }
+
+    /// Lists our migrations (None: the list failed; `Err`: the version is not served).
+    async fn list_ours(
+        &self,
+        v: svm::ApiVersion,
+    ) -> Result<Option<Vec<StorageVersionMigration>>, NotServed> {
+        let api: Api<StorageVersionMigration> = Api::all_with(self.client.clone(), &v);
         let lp = ListParams::default().labels(&format!(
             "{}={}",
             svm::MANAGED_BY_LABEL,
             svm::MANAGED_BY_VALUE
         ));
-        match self.list_within(&api, &lp, "list_migrations").await {
-            Ok(items) => Some(items),
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot list StorageVersionMigrations; no migration is begun this pass");
-                None
-            }
-        }
+        let error = match tokio::time::timeout(CALL_TIMEOUT, api.list(&lp)).await {
+            Ok(Ok(list)) => return Ok(Some(list.items)),
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => return Err(NotServed),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("timed out after {CALL_TIMEOUT:?}"),
+        };
+        self.metrics.error("list_migrations");
+        tracing::debug!(error = %error, "cannot list StorageVersionMigrations; no migration is begun this pass");
+        Ok(None)
     }
 
     /// Sets the phase gauges from our migrations and reports each final outcome once.
     async fn follow_migrations(
         &self,
         t: &mut Term,
+        v: svm::ApiVersion,
         list: &[StorageVersionMigration],
         svs: &[StorageVersion],
     ) {
@@ -453,7 +527,7 @@ impl Trigger {
             {
                 continue;
             }
-            self.report(m, phase, svs).await;
+            self.report(v, m, phase, svs).await;
             t.reported.insert(name);
         }
         for p in Phase::ALL {
@@ -464,7 +538,13 @@ impl Trigger {
         }
     }
 
-    async fn report(&self, m: &StorageVersionMigration, phase: Phase, svs: &[StorageVersion]) {
+    async fn report(
+        &self,
+        v: svm::ApiVersion,
+        m: &StorageVersionMigration,
+        phase: Phase,
+        svs: &[StorageVersion],
+    ) {
         let name = m.name();
         let sv_name = m.annotation(svm::ANNOTATION_STORAGEVERSION).unwrap_or("");
         let to = m.annotation(svm::ANNOTATION_VERSION).unwrap_or("?");
@@ -515,7 +595,7 @@ impl Trigger {
             });
         self.event(&reference, type_, reason, note).await;
         // Mark it reported, so a restart or the next leader does not report it again.
-        let api: Api<StorageVersionMigration> = Api::all(self.client.clone());
+        let api: Api<StorageVersionMigration> = Api::all_with(self.client.clone(), &v);
         let patch = serde_json::json!({"metadata": {"annotations": {svm::ANNOTATION_REPORTED: phase.as_str()}}});
         match tokio::time::timeout(
             CALL_TIMEOUT,

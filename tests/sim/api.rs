@@ -42,6 +42,8 @@ pub const LEADER_GRID: Duration = Duration::from_millis(1500);
 
 pub const SVS: &str = "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions";
 pub const SVMS: &str = "/apis/storagemigration.k8s.io/v1/storageversionmigrations";
+/// Discovery of the migration API's group (the trigger asks it every pass).
+pub const SVM_GROUP: &str = "/apis/storagemigration.k8s.io";
 pub const IDENTITY_LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
 pub const LEADER_NS: &str = "svw";
 pub const LEADER_LEASE: &str = "storageversion-webhook-gc";
@@ -495,6 +497,18 @@ impl Cluster {
             return Some(Reply::Json(
                 code,
                 status(code, reason, "injected by the simulation"),
+            ));
+        }
+        if p.method == "GET" && p.path == SVM_GROUP {
+            // Discovery of the migration API group: v1, as kube-apiserver 1.37 serves it.
+            self.note(format!("{what} -> 200 (discovery)"));
+            return Some(Reply::Json(
+                200,
+                json!({
+                    "kind": "APIGroup", "apiVersion": "v1", "name": "storagemigration.k8s.io",
+                    "versions": [{"groupVersion": "storagemigration.k8s.io/v1", "version": "v1"}],
+                    "preferredVersion": {"groupVersion": "storagemigration.k8s.io/v1", "version": "v1"},
+                }),
             ));
         }
         let Some((collection, resource, name, sub)) = parse_path(&p.path) else {

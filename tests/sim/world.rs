@@ -1141,11 +1141,15 @@ impl Sim {
             .flatten()
             .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
             .collect();
-        let audit_lists: BTreeSet<String> =
-            storageversion_webhook::migrate::audit::judge(&all_svs, &memory, &all_svms)
-                .into_iter()
-                .map(|s| s.storage_version)
-                .collect();
+        let audit_lists: BTreeSet<String> = storageversion_webhook::migrate::audit::judge(
+            &all_svs,
+            &memory,
+            &all_svms,
+            storageversion_webhook::migrate::svm::ApiVersion::V1,
+        )
+        .into_iter()
+        .map(|s| s.storage_version)
+        .collect();
         for (r, (name, _, _)) in RESOURCES.iter().enumerate() {
             let Some(sv) = c.get(SVS, name) else {
                 found.push(format!("I5: no StorageVersion {name} at quiescence"));

@@ -90,9 +90,11 @@ pub async fn wait_remembered(cp: &ControlPlane, name: &str, version: &str) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Every StorageVersionMigration in the cluster (None when the API cannot be listed).
+/// Every StorageVersionMigration in the cluster, in the API version it serves (None when it
+/// serves none of ours or the list fails).
 pub async fn migrations(cp: &ControlPlane) -> Option<Vec<StorageVersionMigration>> {
-    let api: Api<StorageVersionMigration> = Api::all(cp.client.clone());
+    let v = svm::ApiVersion::discover(&cp.client).await.ok().flatten()?;
+    let api: Api<StorageVersionMigration> = Api::all_with(cp.client.clone(), &v);
     api.list(&ListParams::default()).await.ok().map(|l| l.items)
 }
 
