@@ -26,6 +26,22 @@ use timeline::{CommonChange, CountSample, Event, ObjectEvent, Segment, Timeline}
 /// The two Kubernetes minors of the rolling upgrade.
 pub const OLD: &str = "1.36";
 pub const NEW: &str = "1.37";
+
+/// The minor a test that does not upgrade runs every apiserver on: `SVW_KUBE_VERSION` (set by
+/// `scripts/matrix`, which runs a subset of the tests on each supported minor), else [`NEW`].
+pub fn tested_minor() -> String {
+    std::env::var("SVW_KUBE_VERSION")
+        .ok()
+        .map(|v| {
+            v.trim_start_matches('v')
+                .split('.')
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(".")
+        })
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| NEW.to_string())
+}
 /// StorageVersions whose encoding differs between the two minors.
 pub const MAP: &str = "admissionregistration.k8s.io.mutatingadmissionpolicies";
 pub const MAPB: &str = "admissionregistration.k8s.io.mutatingadmissionpolicybindings";

@@ -50,6 +50,11 @@ impl ControlPlane {
 
     /// `run up <args>` (e.g. `--apiservers 3 --version 1.36`).
     pub async fn up_with(args: &[&str]) -> ControlPlane {
+        ControlPlane::up_with_env(args, &[]).await
+    }
+
+    /// `run up <args>` with `env` (e.g. `SVW_APISERVER_EXTRA_ARGS`).
+    pub async fn up_with_env(args: &[&str], env: &[(&str, &str)]) -> ControlPlane {
         let dir = tempfile::Builder::new()
             .prefix("svw-cp-")
             .tempdir()
@@ -57,7 +62,7 @@ impl ControlPlane {
         let cp = ControlPlaneDir(dir.path().to_path_buf());
         let mut all = vec!["up"];
         all.extend_from_slice(args);
-        cp.run(&all);
+        cp.run_with_env(&all, env);
         let kubeconfig = dir.path().join("kubeconfig");
         let client = storageversion_webhook::kubeclient::client(Some(&kubeconfig))
             .await
