@@ -526,16 +526,20 @@ fn bounds(
         "`bench_driver bounds-cost` (`examples/bench_driver/bounds.rs`): the in-process \
         review of each §1 body as `serve` runs it (lease view behind the coalescing wrapper, the \
         default lookup and findings caps) against the same review without them, alternating in \
-        slices of 500 reviews, median of the paired differences; and the per-request guard of the \
-        connection limit. The loopback runs of §1 vary by far more than 2% from run to run, so the \
+        slices of 500 reviews, median of the paired differences; and, per request, the guard of \
+        the connection limit and the body mark (a connection waiting for its body may be dropped \
+        when the listener is full). The loopback runs of §1 vary by far more than 2% from run to run, so the \
         cost is measured here and set against validate's server CPU per request in §1 (pinned, \
         16 connections).\n"
     )?;
-    writeln!(md, "| body | with bounds | without | added per review | + request guard | share of validate's server CPU |\n|---|---|---|---|---|---|")?;
-    let guard = rows
-        .iter()
-        .find(|r| s(r, "body") == "request_guard")
-        .map_or(f64::NAN, |r| f(r, "extra_ns"));
+    writeln!(md, "| body | with bounds | without | added per review | + request guard | + body mark | share of validate's server CPU |\n|---|---|---|---|---|---|---|")?;
+    let per_request = |name: &str| {
+        rows.iter()
+            .find(|r| s(r, "body") == name)
+            .map_or(f64::NAN, |r| f(r, "extra_ns"))
+    };
+    let guard = per_request("request_guard");
+    let mark = per_request("body_mark");
     for (body, endpoint, _) in BODIES {
         let Some(r) = rows.iter().find(|r| s(r, "body") == body) else {
             continue;
@@ -552,7 +556,7 @@ fn bounds(
                 .map(|a| f(a, "server_cpu_us_per_req"))
                 .collect(),
         );
-        let extra = f(r, "extra_ns").max(0.0) + guard;
+        let extra = f(r, "extra_ns").max(0.0) + guard + mark;
         let pct = 100.0 * extra / (server_us * 1000.0);
         let share = if pct.is_finite() {
             format!("{pct:.2}% of {server_us:.1} µs")
@@ -561,7 +565,7 @@ fn bounds(
         };
         writeln!(
             md,
-            "| {body} | {:.2} µs | {:.2} µs | {:.0} ns | {guard:.0} ns | {share} |",
+            "| {body} | {:.2} µs | {:.2} µs | {:.0} ns | {guard:.0} ns | {mark:.0} ns | {share} |",
             f(r, "bounded_ns") / 1000.0,
             f(r, "unbounded_ns") / 1000.0,
             f(r, "extra_ns"),
@@ -576,6 +580,15 @@ fn bounds(
         ));
     }
     writeln!(md)?;
+    let miss = per_request("lookup_budget_on_a_miss");
+    if miss.is_finite() {
+        writeln!(
+            md,
+            "Only on a lease-cache miss (never on a review whose IDs the watch holds), beside a live \
+            GET of about a millisecond: the negative cache asked and a token taken from the lookup \
+            budget, {miss:.0} ns.\n"
+        )?;
+    }
     Ok(())
 }
 
@@ -810,9 +823,12 @@ fn startup(md: &mut String, goals: &mut Goals, rows: &[Value]) -> anyhow::Result
     Ok(())
 }
 
-/// Goal 6: kube-apiserver-like reviews' p99 under the flood at most this multiple of their p99
+/// Goal 6: kube-apiserver-like reviews' p99 under a flood at most this multiple of their p99
 /// without it.
 const FLOOD_P99_GOAL: f64 = 2.0;
+/// Goal 6, with the webhook's core saturated: every review answered and the p99 at most this,
+/// a third of the 3 s the chart gives kube-apiserver's webhook call.
+const SATURATED_P99_GOAL_MS: f64 = 1000.0;
 
 fn flood(md: &mut String, goals: &mut Goals, rows: &[Value], lookups: &str) -> anyhow::Result<()> {
     if !heading(
@@ -822,32 +838,48 @@ fn flood(md: &mut String, goals: &mut Goals, rows: &[Value], lookups: &str) -> a
     )? {
         return Ok(());
     }
+    let rate = rows
+        .iter()
+        .map(|r| s(r, "flood_rate"))
+        .find(|r| !r.is_empty())
+        .unwrap_or("–");
     writeln!(
         md,
         "Reviews like kube-apiserver's (the captured body when present), 100 req/s on 4 \
          connections of their own (oha `-q 100 --latency-correction`), alone and while a flood \
          of hostile reviews (the synthetic body with its 16 apiServerIDs renamed to ones without \
-         a lease, as fast as oha can, 64 connections) runs against the same `serve`. The \
-         flood keeps the synthetic review's `userInfo` (`system:apiserver`), the worst case: it \
-         also spends the share of the lookup budget kept for kube-apiserver and never uses the \
-         negative cache, so its live lookups are bounded by `--lease-lookup-rate` (default \
-         20/s) alone; what remains is CPU. Medians over repetitions.\n"
+         a lease, 64 connections) runs against the same `serve`: once as fast as oha can (the \
+         webhook's core saturated) and once at {rate} req/s in all. `serve` runs alone on CPU 0, \
+         every oha on CPU 1. The flood keeps the synthetic review's `userInfo` \
+         (`system:apiserver`), the worst case: it also spends the share of the lookup budget kept \
+         for kube-apiserver and never uses the negative cache, so its live lookups are bounded by \
+         `--lease-lookup-rate` (default 20/s) alone; what remains is CPU. Medians over \
+         repetitions.\n"
     )?;
     writeln!(
         md,
         "| case | reps | req/s | p50 ms | p99 ms | non-200 |\n|---|---|---|---|---|---|"
     )?;
     let mut p99 = BTreeMap::new();
-    for case in ["alone", "flood", "hostile"] {
+    let mut failed = BTreeMap::new();
+    for case in [
+        "alone",
+        "flood",
+        "hostile",
+        "flood-bounded",
+        "hostile-bounded",
+    ] {
         let reps: Vec<&Value> = rows.iter().filter(|r| s(r, "case") == case).collect();
         if reps.is_empty() {
             continue;
         }
         let col = |k: &str| median(reps.iter().map(|r| f(r, k)).collect());
         let label = match case {
-            "alone" => "kube-apiserver-like, alone",
-            "flood" => "kube-apiserver-like, during the flood",
-            _ => "the flood itself (64 connections)",
+            "alone" => "kube-apiserver-like, alone".to_string(),
+            "flood" => "kube-apiserver-like, during the flood at full speed".to_string(),
+            "hostile" => "the flood itself, full speed (64 connections)".to_string(),
+            "flood-bounded" => format!("kube-apiserver-like, during a flood of {rate} req/s"),
+            _ => format!("the flood itself, {rate} req/s (64 connections)"),
         };
         writeln!(
             md,
@@ -859,6 +891,7 @@ fn flood(md: &mut String, goals: &mut Goals, rows: &[Value], lookups: &str) -> a
             col("non_200")
         )?;
         p99.insert(case, col("p99_ms"));
+        failed.insert(case, reps.iter().map(|r| f(r, "non_200")).sum::<f64>());
     }
     writeln!(md)?;
     if !lookups.trim().is_empty() {
@@ -868,12 +901,26 @@ fn flood(md: &mut String, goals: &mut Goals, rows: &[Value], lookups: &str) -> a
             lookups.trim_end()
         )?;
     }
-    if let (Some(alone), Some(flood)) = (p99.get("alone"), p99.get("flood")) {
+    let alone = p99.get("alone").copied();
+    if let (Some(alone), Some(flood)) = (alone, p99.get("flood-bounded")) {
         let ratio = flood / alone;
         goals.push((
-            format!("6. kube-apiserver-like p99 under a flood ≤ {FLOOD_P99_GOAL}× without"),
+            format!("6. kube-apiserver-like p99 during a flood of {rate} req/s ≤ {FLOOD_P99_GOAL}× without"),
             format!("{flood:.3} ms vs {alone:.3} ms ({ratio:.2}×)"),
             ratio <= FLOOD_P99_GOAL,
+        ));
+    }
+    if let Some(flood) = p99.get("flood").copied() {
+        let lost = failed.get("flood").copied().unwrap_or(0.0);
+        goals.push((
+            format!(
+                "6. a flood saturating the webhook's core: every kube-apiserver-like review answered, p99 ≤ {SATURATED_P99_GOAL_MS:.0} ms"
+            ),
+            match alone {
+                Some(a) => format!("p99 {flood:.3} ms ({:.2}× alone), {lost:.0} not answered 200", flood / a),
+                None => format!("p99 {flood:.3} ms, {lost:.0} not answered 200"),
+            },
+            flood <= SATURATED_P99_GOAL_MS && lost == 0.0,
         ));
     }
     Ok(())
