@@ -1036,7 +1036,7 @@ fn hook_flags_are_accepted_by_the_binary() {
             let mut argv = strings(&pod["containers"][0]["args"]);
             argv.push("--help".into());
             let out = run(
-                &mut Command::new(env!("CARGO_BIN_EXE_storageversion-webhook")).args(&argv),
+                Command::new(env!("CARGO_BIN_EXE_storageversion-webhook")).args(&argv),
                 None,
             );
             assert!(
@@ -1079,9 +1079,12 @@ async fn rendered_objects_pass_server_side_dry_run() {
         // A Pod (the helm test hook) passes admission only if its ServiceAccount exists; a dry
         // run creates nothing, so it is made for real (once: a repeat says AlreadyExists).
         for pod in all_of(&docs, "Pod") {
-            let sa = pod["spec"]["serviceAccountName"].as_str().unwrap_or_default();
+            let sa = pod["spec"]["serviceAccountName"]
+                .as_str()
+                .unwrap_or_default();
             run(
-                cp.kubectl().args(["-n", NS, "create", "serviceaccount", sa]),
+                cp.kubectl()
+                    .args(["-n", NS, "create", "serviceaccount", sa]),
                 None,
             );
         }
