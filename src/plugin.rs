@@ -81,13 +81,17 @@ mod tests {
     fn adapted_usage_names_the_plugin_and_hides_serve() {
         let cmd = clap::Command::new("storageversion-webhook")
             .subcommand(clap::Command::new("serve").about("serve it"))
-            .subcommand(clap::Command::new("check").about("check it"));
+            .subcommand(clap::Command::new("check").about("check it"))
+            .subcommand(clap::Command::new("selftest").about("test it"))
+            .subcommand(clap::Command::new("cleanup").about("clean up"));
         let help = adapt(cmd).render_help().to_string();
         assert!(help.contains("kubectl storageversions"), "{help}");
         assert!(help.contains("check"), "{help}");
-        assert!(
-            !help.lines().any(|l| l.trim_start().starts_with("serve")),
-            "{help}"
-        );
+        for hidden in ["serve", "selftest", "cleanup"] {
+            assert!(
+                !help.lines().any(|l| l.trim_start().starts_with(hidden)),
+                "{hidden} shown: {help}"
+            );
+        }
     }
 }
