@@ -8,6 +8,7 @@ pub mod check;
 pub mod cli;
 pub mod duration;
 pub mod gc;
+pub mod hooks;
 pub mod kubeclient;
 pub mod leases;
 pub mod logging;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use storageversion_webhook::{audit, catalog, check, logging, plugin, server};
+use storageversion_webhook::{audit, catalog, check, hooks, logging, plugin, server};
 
 /// Validating admission webhook and garbage collector for Kubernetes StorageVersion objects.
 #[derive(Parser, Debug)]
@@ -24,6 +24,10 @@ enum Command {
     Audit(audit::AuditArgs),
     /// List every rule code with what it requires and whether kube-apiserver enforces it too.
     Rules(catalog::RulesArgs),
+    /// Call the webhook as kube-apiserver does and run audit (the Helm chart's `helm test` pod).
+    Selftest(hooks::selftest::SelftestArgs),
+    /// Delete the leader Lease, migration state ConfigMap and pods named (the chart's post-delete hook).
+    Cleanup(hooks::cleanup::CleanupArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,8 @@ fn main() -> ExitCode {
         Command::Check(args) => check::run(args),
         Command::Audit(args) => audit::run(args),
         Command::Rules(args) => catalog::run(args),
+        Command::Selftest(args) => hooks::selftest::run(args),
+        Command::Cleanup(args) => hooks::cleanup::run(args),
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()

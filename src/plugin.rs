@@ -4,7 +4,8 @@
 //! arguments after `<name>`, in kubectl's environment (so `$KUBECONFIG` and its current context
 //! are the ones kubectl uses). The same binary serves as the plugin when it is installed or
 //! linked under [`PLUGIN_BIN`]: it then names itself `kubectl storageversions` in help and errors,
-//! and hides `serve` (a server is not a kubectl command; it still works).
+//! and hides `serve` (a server is not a kubectl command; it still works) and the chart hooks'
+//! `selftest` and `cleanup`.
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -26,12 +27,14 @@ pub fn invoked_as_plugin(argv0: &OsStr) -> bool {
 }
 
 /// Adapts the command line definition for plugin use: the plugin's name in usage and errors, and
-/// `serve` hidden from help.
+/// `serve`, `selftest` and `cleanup` hidden from help.
 pub fn adapt(cmd: clap::Command) -> clap::Command {
     cmd.name(PLUGIN_BIN)
         .bin_name(PLUGIN_DISPLAY_NAME)
         .display_name(PLUGIN_DISPLAY_NAME)
         .mut_subcommand("serve", |serve| serve.hide(true))
+        .mut_subcommand("selftest", |c| c.hide(true))
+        .mut_subcommand("cleanup", |c| c.hide(true))
 }
 
 /// Parses the process' arguments into `T`, adapted by [`adapt`] when started as the plugin; exits
@@ -78,13 +81,17 @@ mod tests {
     fn adapted_usage_names_the_plugin_and_hides_serve() {
         let cmd = clap::Command::new("storageversion-webhook")
             .subcommand(clap::Command::new("serve").about("serve it"))
-            .subcommand(clap::Command::new("check").about("check it"));
+            .subcommand(clap::Command::new("check").about("check it"))
+            .subcommand(clap::Command::new("selftest").about("test it"))
+            .subcommand(clap::Command::new("cleanup").about("clean up"));
         let help = adapt(cmd).render_help().to_string();
         assert!(help.contains("kubectl storageversions"), "{help}");
         assert!(help.contains("check"), "{help}");
-        assert!(
-            !help.lines().any(|l| l.trim_start().starts_with("serve")),
-            "{help}"
-        );
+        for hidden in ["serve", "selftest", "cleanup"] {
+            assert!(
+                !help.lines().any(|l| l.trim_start().starts_with(hidden)),
+                "{hidden} shown: {help}"
+            );
+        }
     }
 }

@@ -164,6 +164,27 @@ fn strings(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The `app.kubernetes.io/component` of a rendered object (`test`, `cleanup` for the helm test
+/// pod and the post-delete cleanup, with their RBAC), or "".
+fn component_of(doc: &Value) -> &str {
+    doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// The objects that run the webhook: everything but the `helm test` and cleanup objects.
+fn webhook_objects(docs: &[Value]) -> Vec<Value> {
+    docs.iter()
+        .filter(|d| !matches!(component_of(d), "test" | "cleanup"))
+        .cloned()
+        .collect()
+}
+
+/// The objects of one hook component (`test` or `cleanup`).
+fn component<'a>(docs: &'a [Value], name: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| component_of(d) == name).collect()
+}
+
 /// The webhook container's args in the rendered Deployment.
 fn container_args(docs: &[Value]) -> Vec<String> {
     strings(&one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"])
@@ -420,7 +441,8 @@ fn values_schema_rejects_unknown_keys_and_wrong_types() {
 /// configuration the issue asks for (fail open, 3 s, matching the Secret's CA).
 #[test]
 fn default_render_is_hardened_and_least_privilege() {
-    let docs = render(&[]);
+    // The helm test and cleanup objects have their own test (hooks_render_hardened_...).
+    let docs = webhook_objects(&render(&[]));
     let kinds: BTreeSet<&str> = docs.iter().map(kind_of).collect();
     for opt_in in ["NetworkPolicy", "ServiceMonitor", "Certificate", "Issuer"] {
         assert!(!kinds.contains(opt_in), "{opt_in} rendered by default");
@@ -618,7 +640,7 @@ fn default_render_is_hardened_and_least_privilege() {
     assert_eq!(all_of(&docs, "ClusterRoleBinding").len(), 1);
 
     // With the collector off, only the identity-lease read access is left.
-    let no_gc = render(&["--set".into(), "gc.enabled=false".into()]);
+    let no_gc = webhook_objects(&render(&["--set".into(), "gc.enabled=false".into()]));
     assert!(container_args(&no_gc).iter().any(|a| a == "--no-gc"));
     assert!(!container_args(&no_gc).iter().any(|a| a.starts_with("--gc")));
     let roles: Vec<&Value> = no_gc
@@ -752,6 +774,280 @@ fn every_rendered_flag_is_accepted_by_serve() {
     }
 }
 
+/// One annotation of a rendered object ("" when it has none).
+fn annotation<'a>(doc: &'a Value, key: &str) -> &'a str {
+    doc["metadata"]["annotations"][key]
+        .as_str()
+        .unwrap_or_default()
+}
+
+/// The one object of `kind` among `docs`.
+fn one_ref<'a>(docs: &[&'a Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .copied()
+        .filter(|d| kind_of(d) == kind)
+        .collect();
+    assert_eq!(found.len(), 1, "expected one {kind}: {found:#?}");
+    found[0]
+}
+
+/// The `helm test` pod and the post-delete cleanup Job: the chart's own image, the Deployment's
+/// hardened security context, resources, the hook annotations; their RBAC is exactly what
+/// `selftest` and `cleanup` use; they are never selected as webhook pods.
+#[test]
+fn hooks_render_hardened_and_least_privilege() {
+    let docs = render(&[]);
+    let deploy = one(&docs, "Deployment");
+    let dpod = &deploy["spec"]["template"]["spec"];
+    let dcontainer = &dpod["containers"][0];
+    let selector = deploy["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("selector")
+        .clone();
+    let hardened = |what: &str, pod: &Value| {
+        let c = &pod["containers"][0];
+        assert_eq!(
+            c["image"], dcontainer["image"],
+            "{what}: not the chart's image"
+        );
+        assert_eq!(pod["securityContext"], dpod["securityContext"], "{what}");
+        assert_eq!(
+            c["securityContext"], dcontainer["securityContext"],
+            "{what}"
+        );
+        assert_eq!(
+            c["securityContext"]["readOnlyRootFilesystem"], true,
+            "{what}"
+        );
+        assert_eq!(
+            c["securityContext"]["capabilities"]["drop"],
+            json!(["ALL"]),
+            "{what}"
+        );
+        assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{what}");
+        assert_eq!(
+            pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+            "{what}"
+        );
+        assert!(c["resources"]["limits"]["memory"].is_string(), "{what}");
+        assert!(c["resources"]["requests"]["cpu"].is_string(), "{what}");
+        assert_eq!(pod["restartPolicy"], "Never", "{what}");
+        strings(&c["args"])
+    };
+    let not_selected = |what: &str, labels: &Value| {
+        let labels = labels.as_object().expect("labels");
+        assert!(
+            !selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "{what} carries the Service's selector {selector:?}: it would receive admission traffic"
+        );
+    };
+
+    // helm test: only the pod is a hook; its RBAC is ordinary release objects.
+    let test = component(&docs, "test");
+    let pod = one_ref(&test, "Pod");
+    assert_eq!(name_of(pod), format!("{FULLNAME}-test"));
+    assert_eq!(annotation(pod, "helm.sh/hook"), "test");
+    assert_eq!(
+        annotation(pod, "helm.sh/hook-delete-policy"),
+        "before-hook-creation"
+    );
+    not_selected("the test pod", &pod["metadata"]["labels"]);
+    assert_eq!(
+        pod["spec"]["serviceAccountName"],
+        format!("{FULLNAME}-test")
+    );
+    let args = hardened("test pod", &pod["spec"]);
+    for want in [
+        "selftest".to_string(),
+        format!("--webhook-configuration={FULLNAME}"),
+        format!("--webhook={}", webhook()),
+        format!("--migrate-state-namespace={NS}"),
+        format!("--migrate-state-configmap={FULLNAME}-migrate"),
+    ] {
+        assert!(args.contains(&want), "{want} not in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a == "--fail-on-audit-findings"));
+    for d in &test {
+        if kind_of(d) != "Pod" {
+            assert_eq!(
+                annotation(d, "helm.sh/hook"),
+                "",
+                "{} is a hook",
+                kind_of(d)
+            );
+        }
+    }
+    let rules = |docs: &[&Value], kind: &str, ns: &str| -> Value {
+        docs.iter()
+            .find(|d| kind_of(d) == kind && d["metadata"]["namespace"].as_str().unwrap_or("") == ns)
+            .map(|d| d["rules"].clone())
+            .unwrap_or_else(|| panic!("no {kind} in {ns:?}"))
+    };
+    assert_eq!(
+        rules(&test, "ClusterRole", ""),
+        json!([
+            {"apiGroups": ["admissionregistration.k8s.io"],
+             "resources": ["validatingwebhookconfigurations"],
+             "resourceNames": [FULLNAME], "verbs": ["get"]},
+            {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"],
+             "verbs": ["list"]},
+            {"apiGroups": ["storagemigration.k8s.io"], "resources": ["storageversionmigrations"],
+             "verbs": ["list"]},
+        ])
+    );
+    assert_eq!(
+        rules(&test, "Role", NS),
+        json!([
+            {"apiGroups": [""], "resources": ["services"], "resourceNames": [FULLNAME],
+             "verbs": ["get"]},
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+             "verbs": ["list"]},
+            {"apiGroups": [""], "resources": ["configmaps"],
+             "resourceNames": [format!("{FULLNAME}-migrate")], "verbs": ["get"]},
+        ])
+    );
+    assert_eq!(
+        rules(&test, "Role", "kube-system"),
+        json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}])
+    );
+    let test_sa =
+        json!([{"kind": "ServiceAccount", "name": format!("{FULLNAME}-test"), "namespace": NS}]);
+    for b in test
+        .iter()
+        .filter(|d| matches!(kind_of(d), "RoleBinding" | "ClusterRoleBinding"))
+    {
+        assert_eq!(b["subjects"], test_sa);
+    }
+    assert_eq!(test.len(), 8, "{test:#?}");
+
+    // Cleanup: post-delete hooks, RBAC first and deleted afterwards.
+    let cleanup = component(&docs, "cleanup");
+    assert_eq!(cleanup.len(), 4, "{cleanup:#?}");
+    for d in &cleanup {
+        assert_eq!(
+            annotation(d, "helm.sh/hook"),
+            "post-delete",
+            "{}",
+            kind_of(d)
+        );
+        let policy = annotation(d, "helm.sh/hook-delete-policy");
+        assert!(
+            policy.contains("hook-succeeded") && policy.contains("before-hook-creation"),
+            "{} {policy}",
+            kind_of(d)
+        );
+    }
+    let weight = |kind: &str| -> i64 {
+        annotation(one_ref(&cleanup, kind), "helm.sh/hook-weight")
+            .parse()
+            .expect("weight")
+    };
+    assert!(weight("ServiceAccount") < weight("Job") && weight("Role") < weight("Job"));
+    assert!(weight("RoleBinding") < weight("Job"));
+    let job = one_ref(&cleanup, "Job");
+    assert_eq!(
+        annotation(job, "helm.sh/hook-output-log-policy"),
+        "hook-failed"
+    );
+    let jpod = &job["spec"]["template"]["spec"];
+    not_selected(
+        "the cleanup pod",
+        &job["spec"]["template"]["metadata"]["labels"],
+    );
+    assert_eq!(jpod["serviceAccountName"], format!("{FULLNAME}-cleanup"));
+    let args = hardened("cleanup Job", jpod);
+    for want in [
+        "cleanup".to_string(),
+        format!("--namespace={NS}"),
+        format!("--leader-lease={FULLNAME}-gc"),
+        format!("--migrate-state-configmap={FULLNAME}-migrate"),
+        format!("--pod={FULLNAME}-test"),
+    ] {
+        assert!(args.contains(&want), "{want} not in {args:?}");
+    }
+    // It waits for exactly the webhook's pods: the Deployment's selector.
+    let waits_for: BTreeSet<String> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--wait-for-pods="))
+        .unwrap_or_else(|| panic!("no --wait-for-pods in {args:?}"))
+        .split(',')
+        .map(String::from)
+        .collect();
+    let selected: BTreeSet<String> = selector
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    assert_eq!(waits_for, selected);
+    assert_eq!(
+        one_ref(&cleanup, "Role")["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+             "resourceNames": [format!("{FULLNAME}-gc")], "verbs": ["get", "delete"]},
+            {"apiGroups": [""], "resources": ["configmaps"],
+             "resourceNames": [format!("{FULLNAME}-migrate")], "verbs": ["get", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"],
+             "resourceNames": [format!("{FULLNAME}-test")], "verbs": ["get", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        ])
+    );
+
+    // Switches: test.enabled, test.failOnAuditFindings, cleanup.enabled, rbac.create.
+    let set = |kv: &[&str]| -> Vec<Value> {
+        render(
+            &kv.iter()
+                .flat_map(|s| ["--set".to_string(), s.to_string()])
+                .collect::<Vec<_>>(),
+        )
+    };
+    let off = set(&["test.enabled=false", "cleanup.enabled=false"]);
+    assert!(component(&off, "test").is_empty() && component(&off, "cleanup").is_empty());
+    let strict = set(&["test.failOnAuditFindings=true"]);
+    let pod = one_ref(&component(&strict, "test"), "Pod");
+    assert!(strings(&pod["spec"]["containers"][0]["args"])
+        .contains(&"--fail-on-audit-findings".to_string()));
+    let no_rbac = set(&["rbac.create=false"]);
+    assert!(component(&no_rbac, "cleanup").is_empty());
+    let test = component(&no_rbac, "test");
+    assert_eq!(test.len(), 1, "{test:#?}");
+    assert_eq!(test[0]["spec"]["serviceAccountName"], FULLNAME);
+}
+
+/// Every flag the chart renders for `selftest` and `cleanup` is accepted by the binary (its
+/// parser runs each flag and value before `--help` ends it; an unknown flag or a bad value fails).
+#[test]
+fn hook_flags_are_accepted_by_the_binary() {
+    for args in [
+        vec![],
+        vec![
+            "--set",
+            "test.failOnAuditFindings=true",
+            "--set",
+            "logging.level=debug",
+        ],
+    ] {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let docs = render(&args);
+        let pods = [
+            one_ref(&component(&docs, "test"), "Pod")["spec"].clone(),
+            one_ref(&component(&docs, "cleanup"), "Job")["spec"]["template"]["spec"].clone(),
+        ];
+        for pod in pods {
+            let mut argv = strings(&pod["containers"][0]["args"]);
+            argv.push("--help".into());
+            let out = run(
+                Command::new(env!("CARGO_BIN_EXE_storageversion-webhook")).args(&argv),
+                None,
+            );
+            assert!(
+                out.status.success(),
+                "the binary refuses {argv:?}:\n{}",
+                text(&out)
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------ against the apiserver --
 
 /// Every object the chart renders, in each certificate mode and with every option on, passes
@@ -780,6 +1076,18 @@ async fn rendered_objects_pass_server_side_dry_run() {
     create_namespace(&cp, NS);
     for mode in modes(&certs.ca_file) {
         let docs = render(&mode.args);
+        // A Pod (the helm test hook) passes admission only if its ServiceAccount exists; a dry
+        // run creates nothing, so it is made for real (once: a repeat says AlreadyExists).
+        for pod in all_of(&docs, "Pod") {
+            let sa = pod["spec"]["serviceAccountName"]
+                .as_str()
+                .unwrap_or_default();
+            run(
+                cp.kubectl()
+                    .args(["-n", NS, "create", "serviceaccount", sa]),
+                None,
+            );
+        }
         let refs: Vec<&Value> = docs.iter().collect();
         let out = kubectl_apply(&cp, &refs, true);
         let output = text(&out);
@@ -922,8 +1230,16 @@ async fn helm_certificates_survive_upgrade() {
     upgrade(&["--reset-values"]);
     assert_eq!(state().await, (ca2.clone(), crt2, key2, ca2));
 
+    // --no-hooks: no node runs the post-delete cleanup Job here (tests/node_chart.rs runs it).
     ok(
-        helm_on(&cp).args(["uninstall", RELEASE, "--namespace", NS, "--wait"]),
+        helm_on(&cp).args([
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            NS,
+            "--wait",
+            "--no-hooks",
+        ]),
         None,
     );
     assert!(secrets

@@ -5,12 +5,16 @@
 //! - the image: static, small, non-root, the binary as entrypoint, `--help` served;
 //! - helm-made certificates: pods Running and Ready (probes through the kubelet), kube-apiserver
 //!   calling the webhook through its Service (a denied write names the webhook), a leader
-//!   elected among the replicas, `helm uninstall` leaving nothing behind;
+//!   elected among the replicas, `helm test` passing, and failing with its message once the
+//!   Service has no endpoints (deployment scaled to 0), `helm uninstall` leaving nothing behind
+//!   (its post-delete Job deletes the leader Lease, the migration state ConfigMap and the test
+//!   pod);
 //! - an existing Secret, with writes going on all the time (failurePolicy Fail, so a write fails
 //!   whenever no webhook answers): the Secret replaced (the kubelet's atomic symlink swap) and
 //!   the new certificate served with no failed write; the leader pod deleted and the other
 //!   replica taking over and collecting a lease deleted afterwards; the PodDisruptionBudget
-//!   refusing a second eviction; `helm upgrade` rolling the pods with no failed write.
+//!   refusing a second eviction; `helm upgrade` rolling the pods with no failed write; `helm test`
+//!   passing in this certificate mode too; `helm uninstall` with the pods running leaving nothing.
 //!
 //! Run: `cargo test --test node_chart -- --nocapture` (root; builds the image and the node).
 
@@ -324,7 +328,7 @@ fn leftovers(cp: &ControlPlane, ns: &str, keep: &[&str]) -> Vec<String> {
         cp,
         cp.kubectl().args([
             "get",
-            "deployments,replicasets,pods,services,endpoints,endpointslices,secrets,configmaps,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,networkpolicies",
+            "deployments,replicasets,pods,jobs,services,endpoints,endpointslices,secrets,configmaps,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,networkpolicies",
             "-n",
             ns,
             "-o",
@@ -370,23 +374,75 @@ async fn uninstall(cp: &ControlPlane, ns: &str, keep: &[&str]) {
     uninstalled(cp, ns, keep).await;
 }
 
-/// After `helm uninstall`: nothing of the release is left once its pods have terminated. The
-/// garbage collector's leader Lease is made by the pods, not by Helm, and stays (a known gap,
-/// docs/node.md): it is listed here so that anything else left fails the test.
+/// After `helm uninstall`: nothing of the release is left once its pods have terminated, not
+/// even what the pods made and Helm does not know about (the garbage collector's leader Lease,
+/// the migration state ConfigMap), nor the last `helm test` pod: the chart's post-delete Job
+/// deletes them (`storageversion-webhook cleanup`).
 async fn uninstalled(cp: &ControlPlane, ns: &str, keep: &[&str]) {
-    let mut keep = keep.to_vec();
-    let leader_lease = format!("lease.coordination.k8s.io/{FULLNAME}-gc");
-    keep.push(&leader_lease);
     let mut left = Vec::new();
     let end = Instant::now() + Duration::from_secs(90);
     while Instant::now() < end {
-        left = leftovers(cp, ns, &keep);
+        left = leftovers(cp, ns, keep);
         if left.is_empty() {
             return;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    panic!("helm uninstall left {left:?} after 90 s");
+    panic!(
+        "helm uninstall left {left:?} after 90 s\n{}",
+        diagnostics(cp)
+    );
+}
+
+/// `helm test <release> --logs`: its exit status and everything it printed (the test pod's log
+/// included).
+fn helm_test(cp: &ControlPlane, ns: &str) -> (bool, String) {
+    let out = output(helm_on(cp).args(["test", RELEASE, "-n", ns, "--logs", "--timeout", "150s"]));
+    (out.status.success(), text(&out))
+}
+
+/// `helm test` passes: every ready replica allowed the valid review and judged the invalid one,
+/// and audit ran.
+fn helm_test_passes(cp: &ControlPlane, ns: &str, replicas: usize) -> String {
+    let (passed, said) = helm_test(cp, ns);
+    assert!(passed, "helm test failed:\n{said}\n{}", diagnostics(cp));
+    assert!(
+        said.contains("PASS: the webhook answers as kube-apiserver would call it"),
+        "{said}"
+    );
+    assert_eq!(
+        said.matches("allowed a valid StorageVersion").count(),
+        replicas,
+        "not every replica was called: {said}"
+    );
+    assert_eq!(
+        said.matches("denied an object breaking name-format")
+            .count(),
+        replicas,
+        "{said}"
+    );
+    assert!(
+        said.contains("audit:") && said.contains("StorageVersions,"),
+        "{said}"
+    );
+    said
+}
+
+/// The migration state ConfigMap as `serve --migrate` writes it (its name, namespace and label),
+/// so that the cleanup is seen deleting it without running a migration.
+fn create_state_configmap(cp: &ControlPlane, ns: &str) {
+    let (k, v) = storageversion_webhook::migrate::state::STATE_LABEL;
+    let cm = format!("{FULLNAME}-migrate");
+    ok(
+        cp,
+        cp.kubectl()
+            .args(["-n", ns, "create", "configmap", &cm, "--from-literal=x=y"]),
+    );
+    ok(
+        cp,
+        cp.kubectl()
+            .args(["-n", ns, "label", "configmap", &cm, &format!("{k}={v}")]),
+    );
 }
 
 #[test]
@@ -480,6 +536,52 @@ async fn chart_runs_on_a_real_node() {
             .any(|(name, _)| holder.starts_with(name.as_str())),
         "leader {holder} is none of the pods {pods:?}"
     );
+
+    // helm test: the chart's own image calls both replicas through the Service's endpoints with
+    // the caBundle of the webhook configuration, then runs audit.
+    let said = helm_test_passes(&cp, ns, 2);
+    eprintln!("helm test passed after {:?}:\n{said}", t0.elapsed());
+
+    // No endpoints: helm test fails, and says why.
+    ok(
+        &cp,
+        cp.kubectl()
+            .args(["-n", ns, "scale", "deployment", FULLNAME, "--replicas=0"]),
+    );
+    let pod_api: Api<Pod> = Api::namespaced(cp.client.clone(), ns);
+    poll_until(
+        Duration::from_secs(90),
+        "the webhook pods to go",
+        || async {
+            pod_api
+                .list(&ListParams::default().labels(SELECTOR))
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cp)));
+    let (passed, said) = helm_test(&cp, ns);
+    assert!(!passed, "helm test passed with no webhook pod:\n{said}");
+    let want = format!("FAIL: the webhook Service {ns}/{FULLNAME} has no ready endpoints");
+    assert!(
+        said.contains(&want),
+        "helm test did not say {want:?}:\n{said}"
+    );
+    eprintln!("helm test with no endpoints failed as it should:\n{said}");
+
+    // helm uninstall: the post-delete Job deletes the leader Lease (made by the pods, released
+    // but left when they stopped), the migration state ConfigMap and the test pod.
+    let leases: Api<Lease> = Api::namespaced(cp.client.clone(), ns);
+    assert!(
+        leases
+            .get_opt(&format!("{FULLNAME}-gc"))
+            .await
+            .expect("get lease")
+            .is_some(),
+        "no leader Lease before the uninstall: the cleanup would prove nothing"
+    );
+    create_state_configmap(&cp, ns);
     uninstall(&cp, ns, &[]).await;
     eprintln!("helm mode done after {:?}", t0.elapsed());
 
@@ -512,6 +614,8 @@ async fn chart_runs_on_a_real_node() {
     ));
     ok(&cp, &mut install);
     let pods = ready_pods(&cp, ns, 2).await;
+    // helm test with the CA given in certificates.secret.caBundle.
+    helm_test_passes(&cp, ns, 2);
     let writer = Writer::start(&cp, "node.example.com.writes", &own_id).await;
     writer.progress(20, "20 writes through the webhook").await;
 
@@ -639,6 +743,8 @@ async fn chart_runs_on_a_real_node() {
     );
     assert!(failures.is_empty(), "writes failed: {failures:?}");
 
+    // Uninstalled with the pods running: the cleanup waits for them to go before it deletes the
+    // leader Lease, so no replica makes it again.
     uninstall(&cp, ns, &["secret/svw-serving"]).await;
     eprintln!("done after {:?}", t0.elapsed());
 }

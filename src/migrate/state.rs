@@ -51,6 +51,9 @@ pub fn data(memory: &Memory) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The label (key, value) on the state ConfigMap: `cleanup` deletes a ConfigMap only if it has it.
+pub const STATE_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "storageversion-webhook");
+
 /// Reads the memory; a missing ConfigMap is an empty memory. Errors name the ConfigMap.
 pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<Memory> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
@@ -83,7 +86,7 @@ pub async fn save(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/managed-by": "storageversion-webhook"},
+            "labels": {STATE_LABEL.0: STATE_LABEL.1},
             "annotations": {
                 "storageversion-webhook.io/description":
                     "StorageVersion name -> what serve --migrate knows of it: the version all \

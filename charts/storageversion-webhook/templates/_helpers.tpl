@@ -88,3 +88,55 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "certificates.mode=secret needs certificates.secretName: the existing Secret (tls.crt, tls.key) in the release namespace" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Labels of the hook pods and objects (helm test, post-delete cleanup): the release's labels with a
+component, but without app.kubernetes.io/name, so that neither the Service, the
+PodDisruptionBudget nor the cleanup's wait for the webhook's pods selects them.
+*/}}
+{{- define "svw.hookLabels" -}}
+{{- $ctx := index . 0 -}}
+helm.sh/chart: {{ printf "%s-%s" $ctx.Chart.Name $ctx.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ $ctx.Release.Name }}
+app.kubernetes.io/part-of: {{ include "svw.name" $ctx }}
+app.kubernetes.io/component: {{ index . 1 }}
+app.kubernetes.io/version: {{ $ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ $ctx.Release.Service }}
+{{- end -}}
+
+{{- define "svw.testName" -}}
+{{- printf "%s-test" (include "svw.fullname" .) -}}
+{{- end -}}
+
+{{- define "svw.cleanupName" -}}
+{{- printf "%s-cleanup" (include "svw.fullname" .) -}}
+{{- end -}}
+
+{{/*
+The parts of a hook pod's spec it shares with the webhook's pods: pull secrets, the hardened
+pod security context, and where it may run.
+*/}}
+{{- define "svw.hookPodSpec" -}}
+automountServiceAccountToken: true
+enableServiceLinks: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
