@@ -178,14 +178,25 @@ pub async fn fetch(
     args: &AuditMigrateArgs,
     svs: &[StorageVersion],
 ) -> anyhow::Result<Vec<StaleStorage>> {
-    let memory = super::state::load(
-        &client,
+    let (memory, migrations) = read(
+        client,
         &args.migrate_state_namespace,
         &args.migrate_state_configmap,
     )
     .await?;
+    Ok(judge(svs, &memory, &migrations))
+}
+
+/// What [`judge`] needs besides the StorageVersions: the state ConfigMap `namespace/configmap`
+/// and every migration (none are listed when nothing is remembered).
+pub async fn read(
+    client: kube::Client,
+    namespace: &str,
+    configmap: &str,
+) -> anyhow::Result<(Memory, Vec<StorageVersionMigration>)> {
+    let memory = super::state::load(&client, namespace, configmap).await?;
     if memory.is_empty() {
-        return Ok(Vec::new());
+        return Ok((memory, Vec::new()));
     }
     // Every migration, not only ours: one made by hand with the printed command counts too.
     let api: Api<StorageVersionMigration> = Api::all(client);
@@ -196,7 +207,7 @@ pub async fn fetch(
             return Err(e).context("cannot list storageversionmigrations.storagemigration.k8s.io")
         }
     };
-    Ok(judge(svs, &memory, &migrations))
+    Ok((memory, migrations))
 }
 
 /// Adds the stale-storage findings to an `audit` report (one more LIST of StorageVersions, the
