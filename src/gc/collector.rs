@@ -78,8 +78,10 @@ pub struct Collector {
 }
 
 /// A read-only view of the collector's StorageVersion store while a term runs: the store, and a
-/// counter bumped after every change the watch delivered (the initial list included). Shared so
-/// that other leader-only work (`serve --report`) judges from the same watch instead of a second.
+/// counter bumped after every change the watch delivered, 0 until the first list is in the store
+/// (wait on it, not on `Store::wait_until_ready`, whose future keeps only one waker: the
+/// collector's own wait would be lost). Shared so that other leader-only work (`serve --report`)
+/// judges from the same watch instead of a second.
 #[derive(Clone)]
 pub struct SvView {
     pub store: Store<StoredSv>,

@@ -165,11 +165,13 @@ impl Reporter {
                 return;
             }
         };
-        if view.store.wait_until_ready().await.is_err() {
+        // The counter is 0 until the store's first list is in. (Not `Store::wait_until_ready`:
+        // its future keeps one waker, and the collector waits on it too.)
+        let mut svs_changed = view.changes.clone();
+        if svs_changed.wait_for(|n| *n > 0).await.is_err() {
             // The collector's term ended before its first list: nothing to judge from.
             return;
         }
-        let mut svs_changed = view.changes.clone();
         let mut leases = self.leases.subscribe();
         let mut t = Term::default();
         let mut next_resync = Instant::now();
@@ -201,7 +203,6 @@ impl Reporter {
                 svs_changed.borrow_and_update();
                 while leases.try_recv().is_ok() {}
             }
-            t.retry_at = None;
             self.metrics.judgements.inc();
             self.pass(&mut t, &view, why).await;
         }
@@ -209,9 +210,18 @@ impl Reporter {
 
     /// One judgement, and a write if the report changed.
     async fn pass(&self, t: &mut Term, view: &SvView, why: Why) {
+        // After a failed write, events still judge (metrics), but only the retry writes.
+        let backing_off = match t.retry_at {
+            Some(at) if Instant::now() < at => true,
+            Some(_) => {
+                t.retry_at = None;
+                false
+            }
+            None => false,
+        };
         if !self.leases.is_synced() || self.leases.staleness() > LEASE_STORE_MAX_STALENESS {
             tracing::debug!("identity lease store not synced or stale; report left as it is");
-            t.retry_at = Some(Instant::now() + MIN_BACKOFF);
+            t.retry_at.get_or_insert(Instant::now() + MIN_BACKOFF);
             return;
         }
         let svs: Vec<StorageVersion> = view.store.state().iter().map(|s| s.to_model()).collect();
@@ -248,7 +258,7 @@ impl Reporter {
             (Some(w), Why::Change) => !w.same_findings(&content),
             (Some(w), Why::Resync) => *w != content || !self.stored_matches(&content).await,
         };
-        if needed {
+        if needed && !backing_off {
             self.write(t, content).await;
         }
     }
