@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod model;
 pub mod plugin;
+pub mod report;
 pub mod rules;
 pub mod server;
 pub mod task;

@@ -401,6 +401,16 @@ fn values_schema_rejects_unknown_keys_and_wrong_types() {
             "extraArgs={--http2}",
             &["/extraArgs/0"],
         ),
+        (
+            "report.maxResults=0",
+            "report.maxResults=50",
+            &["/report/maxResults"],
+        ),
+        (
+            "report.resyncInterval=often",
+            "report.resyncInterval=30s",
+            &["/report/resyncInterval"],
+        ),
     ];
     for (bad, good, expect) in cases {
         let err = template_error(&["--set", bad]);
@@ -417,6 +427,8 @@ fn values_schema_rejects_unknown_keys_and_wrong_types() {
     assert!(err.contains("/server/port"), "{err}");
 
     // The chart's own checks, which the schema cannot express.
+    let err = template_error(&["--set", "report.enabled=true", "--set", "gc.enabled=false"]);
+    assert!(err.contains("report.enabled needs gc.enabled"), "{err}");
     let err = template_error(&["--set", "certificates.mode=secret"]);
     assert!(
         err.contains("certificates.mode=secret needs certificates.secret.caBundle"),
@@ -651,6 +663,87 @@ fn default_render_is_hardened_and_least_privilege() {
     assert!(roles
         .iter()
         .all(|r| r["metadata"]["namespace"] == "kube-system"));
+}
+
+/// The policy report (`report.enabled`): off by default, with no flag and no RBAC for it; on,
+/// the flags and one ClusterRole (get/patch of the one ClusterReport by name, create) bound to
+/// the ServiceAccount, and nothing else more than the default render.
+#[test]
+fn report_rbac_only_when_enabled() {
+    let reports = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| kind_of(d) == "ClusterRole")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|r| r["apiGroups"] == json!(["openreports.io"]))
+            .collect()
+    };
+    let off = render(&[]);
+    assert!(reports(&off).is_empty());
+    assert!(!container_args(&off)
+        .iter()
+        .any(|a| a.starts_with("--report")));
+
+    let on = render(&[
+        "--set".into(),
+        "report.enabled=true".into(),
+        "--set".into(),
+        "report.maxResults=50".into(),
+        "--set".into(),
+        "report.resyncInterval=30s".into(),
+    ]);
+    let args = container_args(&on);
+    for want in [
+        "--report",
+        &format!("--report-name={FULLNAME}"),
+        "--report-max-results=50",
+        "--report-resync-interval=30s",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    assert_eq!(
+        reports(&on),
+        [
+            json!({"apiGroups": ["openreports.io"], "resources": ["clusterreports"],
+                   "resourceNames": [FULLNAME], "verbs": ["get", "patch"]}),
+            json!({"apiGroups": ["openreports.io"], "resources": ["clusterreports"],
+                   "verbs": ["create"]}),
+        ]
+    );
+    let binding = all_of(&on, "ClusterRoleBinding")
+        .into_iter()
+        .find(|b| b["roleRef"]["name"] == format!("{FULLNAME}-report"))
+        .expect("a ClusterRoleBinding for the report role");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}])
+    );
+    let names = |docs: &[Value]| -> BTreeSet<String> {
+        docs.iter()
+            .map(|d| format!("{}/{}", kind_of(d), name_of(d)))
+            .collect()
+    };
+    let added: Vec<String> = names(&on).difference(&names(&off)).cloned().collect();
+    assert_eq!(
+        added,
+        [
+            format!("ClusterRole/{FULLNAME}-report"),
+            format!("ClusterRoleBinding/{FULLNAME}-report"),
+        ]
+    );
+    // A name of its own is used in the flag and the RBAC alike.
+    let named = render(&[
+        "--set".into(),
+        "report.enabled=true".into(),
+        "--set".into(),
+        "report.name=storageversions".into(),
+    ]);
+    assert!(container_args(&named)
+        .iter()
+        .any(|a| a == "--report-name=storageversions"));
+    assert_eq!(
+        reports(&named)[0]["resourceNames"],
+        json!(["storageversions"])
+    );
 }
 
 /// The certificate modes render what each needs: cert-manager objects and the CA-injection
@@ -1453,6 +1546,152 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
             !can(verb, resource, extra),
             "should be refused: {verb} {resource} {extra:?}"
         );
+    }
+}
+
+/// With `report.enabled`, the chart's RBAC is enough for the policy report and no more: with
+/// the ServiceAccount's token, the leader creates the ClusterReport (the real OpenReports CRD),
+/// updates it on a finding, reads it back at resyncs and creates it again after someone deleted
+/// it, with no request forbidden; the authorizer refuses it any other ClusterReport.
+#[tokio::test(flavor = "multi_thread")]
+async fn chart_report_rbac_is_enough() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    install_openreports_crds(&cp);
+    let certs = Certs::generate();
+    create_namespace(&cp, NS);
+    let docs = render(&[
+        "--set".into(),
+        "report.enabled=true".into(),
+        "--set".into(),
+        "report.resyncInterval=1s".into(),
+        "--set".into(),
+        "gc.dryRun=true".into(),
+    ]);
+    let identity: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                kind_of(d),
+                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+            )
+        })
+        .collect();
+    let out = kubectl_apply(&cp, &identity, false);
+    assert!(out.status.success(), "apply RBAC:\n{}", text(&out));
+    let token = ok(
+        cp.kubectl().args([
+            "create",
+            "token",
+            FULLNAME,
+            "--namespace",
+            NS,
+            "--duration=2h",
+        ]),
+        None,
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    token_kubeconfig(&cp, token.trim(), &kubeconfig);
+    let args = local_args(&container_args(&docs), &certs, &kubeconfig);
+    let hook = Webhook::spawn(&args, &[("POD_NAME", "chart-report-pod")]);
+    hook.wait_ready(Duration::from_secs(60)).await;
+
+    let reports: Api<storageversion_webhook::report::types::ClusterReport> =
+        Api::all(cp.client.clone());
+    let has = |want: &'static str| {
+        let reports = reports.clone();
+        move || {
+            let reports = reports.clone();
+            async move {
+                reports
+                    .get_opt(FULLNAME)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| {
+                        want.is_empty()
+                            || r.results.iter().any(|x| {
+                                x.properties.get("apiServerID").map(String::as_str) == Some(want)
+                            })
+                    })
+            }
+        }
+    };
+    let minute = Duration::from_secs(60);
+    poll_until(minute, "the report to be created", has(""))
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let own = own_apiserver_id(&cp).await;
+    let sv_name = "chart.example.com.widgets";
+    create_sv(&cp, sv_name).await;
+    put_status(
+        &cp,
+        sv_name,
+        status_for("chart.example.com", &[&own, "apiserver-chart-gone"]),
+    )
+    .await
+    .expect("write a stale entry");
+    poll_until(
+        minute,
+        "the finding in the report",
+        has("apiserver-chart-gone"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    reports
+        .delete(FULLNAME, &Default::default())
+        .await
+        .expect("delete the report");
+    poll_until(minute, "the report to be back", has("apiserver-chart-gone"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    // A few resyncs (each reads the report back).
+    let judged = |m: &str| metric_sum(m, "storageversion_webhook_report_judgements_total", &[]);
+    let before = judged(&hook.metrics().await);
+    poll_until(minute, "three more judgements", || async {
+        judged(&hook.metrics().await) >= before + 3.0
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let m = hook.metrics().await;
+    assert_eq!(
+        metric_sum(&m, "storageversion_webhook_report_errors_total", &[]),
+        0.0,
+        "{m}"
+    );
+    assert!(
+        !hook.logs_text().to_lowercase().contains("forbidden"),
+        "serve was refused a request with the chart's RBAC:\n{}",
+        hook.logs_text()
+    );
+
+    let who = format!("--as=system:serviceaccount:{NS}:{FULLNAME}");
+    let can = |verb: &str, resource: &str| -> bool {
+        let out = cp
+            .kubectl()
+            .args(["auth", "can-i", verb, resource, &who])
+            .output()
+            .expect("kubectl auth can-i");
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    let ours = format!("clusterreports.openreports.io/{FULLNAME}");
+    for (verb, resource, want) in [
+        ("get", ours.as_str(), true),
+        ("patch", ours.as_str(), true),
+        ("create", "clusterreports.openreports.io", true),
+        ("delete", ours.as_str(), false),
+        ("update", ours.as_str(), false),
+        ("list", "clusterreports.openreports.io", false),
+        ("get", "clusterreports.openreports.io/someone-elses", false),
+        (
+            "patch",
+            "clusterreports.openreports.io/someone-elses",
+            false,
+        ),
+        ("create", "reports.openreports.io", false),
+    ] {
+        assert_eq!(can(verb, resource), want, "can-i {verb} {resource}");
     }
 }
 

@@ -33,7 +33,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -73,6 +73,19 @@ pub struct Collector {
     cfg: CollectorConfig,
     metrics: GcMetrics,
     recorder: Recorder,
+    /// The running term's StorageVersion store, for other leader-only work (the report).
+    shared: watch::Sender<Option<SvView>>,
+}
+
+/// A read-only view of the collector's StorageVersion store while a term runs: the store, and a
+/// counter bumped after every change the watch delivered, 0 until the first list is in the store
+/// (wait on it, not on `Store::wait_until_ready`, whose future keeps only one waker: the
+/// collector's own wait would be lost). Shared so that other leader-only work (`serve --report`)
+/// judges from the same watch instead of a second.
+#[derive(Clone)]
+pub struct SvView {
+    pub store: Store<StoredSv>,
+    pub changes: watch::Receiver<u64>,
 }
 
 impl Collector {
@@ -96,16 +109,28 @@ impl Collector {
             cfg,
             metrics,
             recorder,
+            shared: watch::channel(None).0,
         }
+    }
+
+    /// Follows the store of each term: `Some` while a term runs, `None` between terms.
+    pub fn sv_view(&self) -> watch::Receiver<Option<SvView>> {
+        self.shared.subscribe()
     }
 
     /// One term of leadership: runs until `token` is cancelled.
     pub async fn lead(self: Arc<Self>, token: CancellationToken) {
         let (reader, writer) = reflector::store();
+        let (changes, changes_rx) = watch::channel(0u64);
+        self.shared.send_replace(Some(SvView {
+            store: reader.clone(),
+            changes: changes_rx,
+        }));
         let term = Arc::new(Term {
             c: Arc::clone(&self),
             token: token.clone(),
             svs: reader,
+            changes,
             wake: Notify::new(),
             sweep_due: AtomicBool::new(true),
             state: Mutex::new(TermState::default()),
@@ -117,6 +142,7 @@ impl Collector {
             Arc::clone(&term).sweeper(),
             Arc::clone(&term).run(),
         );
+        self.shared.send_replace(None);
         self.metrics.stale_entries.set(0);
     }
 }
@@ -170,6 +196,8 @@ struct Term {
     c: Arc<Collector>,
     token: CancellationToken,
     svs: Store<StoredSv>,
+    /// Bumped after every change of `svs` (see [`SvView`]).
+    changes: watch::Sender<u64>,
     wake: Notify,
     sweep_due: AtomicBool,
     state: Mutex<TermState>,
@@ -260,8 +288,12 @@ impl Term {
                     // The list's pages are decoded and dropped: hand their memory back.
                     crate::memory::release_free();
                     self.wake.notify_one();
+                    self.changes.send_modify(|n| *n = n.wrapping_add(1));
                 }
-                Ok(_) => self.wake.notify_one(),
+                Ok(_) => {
+                    self.wake.notify_one();
+                    self.changes.send_modify(|n| *n = n.wrapping_add(1));
+                }
                 Err(e) => {
                     self.c.metrics.error("watch_storage_versions");
                     tracing::warn!(error = %e, "StorageVersion watch failed; retrying");

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use args::GcArgs;
-pub use collector::{Collector, CollectorConfig};
+pub use collector::{Collector, CollectorConfig, SvView};
 pub use leader::LeaderConfig;
 pub use metrics::GcMetrics;
 
@@ -52,6 +52,7 @@ pub struct GcHandle {
     task: Option<tokio::task::JoinHandle<()>>,
     leading: watch::Receiver<bool>,
     identity: Option<String>,
+    svs: watch::Receiver<Option<collector::SvView>>,
 }
 
 /// Starts the garbage collector in the background (if `args` enable it) and registers its
@@ -130,6 +131,7 @@ fn spawn_inner(
         metrics.clone(),
         &identity,
     ));
+    let svs = collector.sv_view();
     let shutdown = CancellationToken::new();
     let (leading_tx, leading) = watch::channel(false);
     let task = tokio::spawn(leader::run(
@@ -145,6 +147,7 @@ fn spawn_inner(
         task: Some(task),
         leading,
         identity: Some(identity),
+        svs,
     })
 }
 
@@ -157,6 +160,7 @@ impl GcHandle {
             task: None,
             leading,
             identity: None,
+            svs: watch::channel(None).1,
         }
     }
 
@@ -178,6 +182,12 @@ impl GcHandle {
     /// that must run on one replica only (e.g. a storage migration started on the leader).
     pub fn leading(&self) -> watch::Receiver<bool> {
         self.leading.clone()
+    }
+
+    /// The collector's StorageVersion store while this replica leads (`None` otherwise): for
+    /// other leader-only work that judges StorageVersions (the report) without a watch of its own.
+    pub fn storage_versions(&self) -> watch::Receiver<Option<collector::SvView>> {
+        self.svs.clone()
     }
 
     /// Stops collecting at once and releases the leader Lease (bounded in time), so another

@@ -182,14 +182,26 @@ pub async fn fetch(
     args: &AuditMigrateArgs,
     svs: &[StorageVersion],
 ) -> anyhow::Result<Vec<StaleStorage>> {
-    let memory = super::state::load(
-        &client,
+    let (memory, migrations, v) = read(
+        client,
         &args.migrate_state_namespace,
         &args.migrate_state_configmap,
     )
     .await?;
+    Ok(judge(svs, &memory, &migrations, v))
+}
+
+/// What [`judge`] needs besides the StorageVersions: the state ConfigMap `namespace/configmap`,
+/// every migration (none are listed when nothing is remembered), and the API version the
+/// cluster serves them in (`v1` when it serves none: the fix printed then is for 1.37+).
+pub async fn read(
+    client: kube::Client,
+    namespace: &str,
+    configmap: &str,
+) -> anyhow::Result<(Memory, Vec<StorageVersionMigration>, svm::ApiVersion)> {
+    let memory = super::state::load(&client, namespace, configmap).await?;
     if memory.is_empty() {
-        return Ok(Vec::new());
+        return Ok((memory, Vec::new(), svm::ApiVersion::default()));
     }
     // Every migration, not only ours: one made by hand with the printed command counts too.
     let served = svm::ApiVersion::discover(&client)
@@ -209,7 +221,7 @@ pub async fn fetch(
             }
         }
     };
-    Ok(judge(svs, &memory, &migrations, served.unwrap_or_default()))
+    Ok((memory, migrations, served.unwrap_or_default()))
 }
 
 /// Adds the stale-storage findings to an `audit` report (one more LIST of StorageVersions, the

@@ -147,6 +147,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub migrate: crate::migrate::MigrateArgs,
+
+    #[command(flatten)]
+    pub report: crate::report::ReportArgs,
 }
 
 /// TLS settings of the admission listener.

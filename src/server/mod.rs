@@ -306,8 +306,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
     let ready = Arc::clone(&view);
     let readiness: Arc<dyn Readiness> = Arc::new(move || ready.is_ready());
-    let gc = crate::gc::spawn_sharing(client.clone(), args.gc.clone(), &mut registry, leases)?;
-    let migrate = crate::migrate::spawn(client, &args.migrate, &args.gc, &gc, &mut registry)?;
+    let gc = crate::gc::spawn_sharing(
+        client.clone(),
+        args.gc.clone(),
+        &mut registry,
+        leases.clone(),
+    )?;
+    let migrate =
+        crate::migrate::spawn(client.clone(), &args.migrate, &args.gc, &gc, &mut registry)?;
+    let report = crate::report::spawn(
+        client,
+        &args.report,
+        crate::report::ReportInputs {
+            gc: &args.gc,
+            leader: &gc,
+            leases,
+            migrate: &args.migrate,
+            lease_skew_allowance: args.lease_skew_allowance,
+        },
+        &mut registry,
+    )?;
     let server = Server::bind(
         ServerConfig::from(&args),
         Deps {
@@ -331,6 +349,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let stop = stop.clone();
         tokio::spawn(async move {
             stop.cancelled().await;
+            report.shutdown().await;
             migrate.shutdown().await;
             gc.shutdown().await;
         })

@@ -491,6 +491,49 @@ pub fn api_error_text<T>(result: &Result<T, kube::Error>) -> String {
     }
 }
 
+/// Installs the OpenReports CRDs (ClusterReport, Report) that component `openreports` of
+/// tests/controlplane/build copies out of the pinned Go module, and waits until they are served.
+pub fn install_openreports_crds(cp: &ControlPlane) {
+    for crd in [
+        "openreports.io_clusterreports.yaml",
+        "openreports.io_reports.yaml",
+    ] {
+        let path = bin_dir().join(crd);
+        assert!(
+            path.exists(),
+            "{} is missing: run tests/controlplane/build openreports",
+            path.display()
+        );
+        let out = cp
+            .kubectl()
+            .args(["apply", "--server-side", "-f"])
+            .arg(&path)
+            .output()
+            .expect("kubectl apply");
+        assert!(
+            out.status.success(),
+            "installing {crd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = cp
+        .kubectl()
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/clusterreports.openreports.io",
+            "crd/reports.openreports.io",
+        ])
+        .output()
+        .expect("kubectl wait");
+    assert!(
+        out.status.success(),
+        "CRDs not established: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl Webhook {
     /// Starts the real binary with exactly `args` (everything after the program name; the log
     /// format must be json so the listen addresses can be read) and extra environment `env`,

@@ -49,6 +49,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-migrate" (include "svw.fullname" .)) .Values.migrate.stateConfigMap -}}
 {{- end -}}
 
+{{- define "svw.reportName" -}}
+{{- default (include "svw.fullname" .) .Values.report.name -}}
+{{- end -}}
+
 {{- define "svw.webhookName" -}}
 {{- default (printf "storageversions.%s.%s.svc" (include "svw.fullname" .) .Release.Namespace) .Values.webhook.name -}}
 {{- end -}}
