@@ -57,6 +57,23 @@ struct Observed {
     expiry: Option<Instant>,
 }
 
+/// Waits until `leading` says this replica leads (the signal [`run`] keeps, which the trigger and
+/// the report follow); false when `shutdown` is cancelled or the election has ended first.
+pub async fn until_leading(
+    leading: &mut watch::Receiver<bool>,
+    shutdown: &CancellationToken,
+) -> bool {
+    loop {
+        if *leading.borrow_and_update() {
+            return true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            changed = leading.changed() => if changed.is_err() { return false },
+        }
+    }
+}
+
 /// Runs the election until `shutdown` is cancelled, then releases the Lease if held. While this
 /// replica leads, `lead(term)` runs in its own task; `term` is cancelled when leadership ends.
 /// `leading` mirrors whether a term is running.

@@ -94,15 +94,8 @@ impl Trigger {
         shutdown: CancellationToken,
     ) {
         loop {
-            // Wait to lead.
-            loop {
-                if *leading.borrow_and_update() {
-                    break;
-                }
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    changed = leading.changed() => if changed.is_err() { return },
-                }
+            if !crate::gc::leader::until_leading(&mut leading, &shutdown).await {
+                return;
             }
             tracing::info!("leading: storage migration trigger starting");
             let term = shutdown.child_token();

@@ -118,14 +118,8 @@ impl Reporter {
         shutdown: CancellationToken,
     ) {
         loop {
-            loop {
-                if *leading.borrow_and_update() {
-                    break;
-                }
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    changed = leading.changed() => if changed.is_err() { return },
-                }
+            if !crate::gc::leader::until_leading(&mut leading, &shutdown).await {
+                return;
             }
             tracing::info!(report = %self.cfg.name, "leading: policy report starting");
             let term = shutdown.child_token();
