@@ -223,3 +223,14 @@ fn objects_written_during_a_rollback_are_migrated() {
 fn a_replica_does_not_lead_on_its_own_expired_lease() {
     regression(25, |_| {}, "I3");
 }
+
+/// Issue 30, seed 127: a follower's kube-lease-manager judged the leader Lease expired from an
+/// old copy and cleared it with a patch that carried no precondition, right after the holder had
+/// renewed it; the holder then patched its migration state and sent an Event while the Lease
+/// named no one. The election's client now refuses to clear a live claim of another replica and
+/// sends a release with the resourceVersion it judged on (`gc::release_guard`), and every
+/// leader-only task runs in the collector's own term token (`gc::leader::each_term`).
+#[test]
+fn a_follower_never_clears_a_live_leader_lease() {
+    regression(127, |_| {}, "I3");
+}

@@ -57,32 +57,59 @@ struct Observed {
     expiry: Option<Instant>,
 }
 
-/// Waits until `leading` says this replica leads (the signal [`run`] keeps, which the trigger and
-/// the report follow); false when `shutdown` is cancelled or the election has ended first.
-pub async fn until_leading(
-    leading: &mut watch::Receiver<bool>,
-    shutdown: &CancellationToken,
-) -> bool {
+/// What a replica's leadership looks like to the work that needs it: the token of the term that
+/// is running (`None` between terms). The token is cancelled the moment the term ends, by the
+/// election itself, before it says so on this channel; every leader-only task is fenced by it,
+/// the way the collector is.
+pub type Terms = watch::Receiver<Option<CancellationToken>>;
+
+/// The one leader-term runner: each time a term starts, runs `work(term)` until the term ends,
+/// and drops it at that moment (the term's token wins every race: no further request of a term
+/// that ended is sent). Work that returns early waits for the term's end. Returns when
+/// `shutdown` is cancelled or the election has ended.
+pub async fn each_term<F, Fut>(
+    task: &'static str,
+    mut terms: Terms,
+    shutdown: CancellationToken,
+    mut work: F,
+) where
+    F: FnMut(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
     loop {
-        if *leading.borrow_and_update() {
-            return true;
-        }
+        let term = loop {
+            let current = terms.borrow_and_update().clone();
+            if let Some(term) = current.filter(|t| !t.is_cancelled()) {
+                break term;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = terms.changed() => if changed.is_err() { return },
+            }
+        };
+        tracing::info!(task, "leading: starting");
         tokio::select! {
-            () = shutdown.cancelled() => return false,
-            changed = leading.changed() => if changed.is_err() { return false },
+            biased;
+            () = shutdown.cancelled() => return,
+            () = term.cancelled() => {}
+            () = async {
+                work(term.clone()).await;
+                term.cancelled().await;
+            } => {}
         }
+        tracing::info!(task, "no longer leading: stopped");
     }
 }
 
 /// Runs the election until `shutdown` is cancelled, then releases the Lease if held. While this
 /// replica leads, `lead(term)` runs in its own task; `term` is cancelled when leadership ends.
-/// `leading` mirrors whether a term is running.
+/// `leading` carries the running term's token ([`Terms`]).
 pub async fn run<F, Fut>(
     client: kube::Client,
     cfg: LeaderConfig,
     metrics: GcMetrics,
     shutdown: CancellationToken,
-    leading: watch::Sender<bool>,
+    leading: watch::Sender<Option<CancellationToken>>,
     lead: F,
 ) where
     F: Fn(CancellationToken) -> Fut + Send + Sync + 'static,
@@ -102,7 +129,7 @@ pub async fn run<F, Fut>(
         match task.await {
             Ok(()) => return,
             Err(e) => {
-                let _ = leading.send(false);
+                let _ = leading.send(None);
                 metrics.leader.set(0);
                 metrics.error("leader_election");
                 tracing::error!(error = %e, "GC leader election task failed; restarting it in 1s");
@@ -120,7 +147,7 @@ struct Election {
     cfg: LeaderConfig,
     metrics: GcMetrics,
     shutdown: CancellationToken,
-    leading: watch::Sender<bool>,
+    leading: watch::Sender<Option<CancellationToken>>,
 }
 
 /// A running term. Dropping it (also while unwinding) cancels its work.
@@ -243,7 +270,13 @@ impl Election {
     }
 
     async fn build(&self) -> kube_lease_manager::Result<LeaseManager> {
-        LeaseManagerBuilder::new(self.client.clone(), &self.cfg.lease_name)
+        let client = super::release_guard::client(
+            self.client.clone(),
+            &self.cfg.namespace,
+            &self.cfg.lease_name,
+            &self.cfg.identity,
+        );
+        LeaseManagerBuilder::new(client, &self.cfg.lease_name)
             .with_namespace(&self.cfg.namespace)
             .with_identity(&self.cfg.identity)
             .with_duration(self.cfg.duration.as_secs())
@@ -437,7 +470,7 @@ impl Election {
             .leadership_changes
             .get_or_create(&ResultLabels { result: "acquired" })
             .inc();
-        let _ = self.leading.send(true);
+        let _ = self.leading.send(Some(token.clone()));
         tracing::info!(identity = %self.cfg.identity, "acquired the GC leader Lease; collecting");
         Term {
             token,
@@ -453,7 +486,7 @@ impl Election {
             .leadership_changes
             .get_or_create(&ResultLabels { result: why })
             .inc();
-        let _ = self.leading.send(false);
+        let _ = self.leading.send(None);
         tracing::info!(identity = %self.cfg.identity, reason = why, "no longer the GC leader; collection stopped");
         if let Some(mut task) = term.task.take() {
             if tokio::time::timeout(TERM_STOP_TIMEOUT, &mut task)

@@ -9,7 +9,9 @@
 //! - [`stored`]: what the collector keeps of a StorageVersion (trimmed; unknown status fields
 //!   kept for the write).
 //! - [`collector`]: the work of one leadership term (stores, passes, one write per object).
-//! - [`leader`]: leader election with `kube-lease-manager`, fenced and released on shutdown.
+//! - [`leader`]: leader election with `kube-lease-manager`, fenced and released on shutdown;
+//!   the terms every leader-only task runs in ([`leader::each_term`]).
+//! - [`release_guard`]: the election's client, which never clears another replica's live claim.
 //!
 //! Wiring into `serve`:
 //! ```text
@@ -24,6 +26,7 @@ pub mod collector;
 pub mod leader;
 pub mod metrics;
 pub mod plan;
+mod release_guard;
 pub mod stored;
 
 use std::sync::Arc;
@@ -50,7 +53,7 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct GcHandle {
     shutdown: CancellationToken,
     task: Option<tokio::task::JoinHandle<()>>,
-    leading: watch::Receiver<bool>,
+    leading: leader::Terms,
     identity: Option<String>,
     svs: watch::Receiver<Option<collector::SvView>>,
 }
@@ -133,7 +136,7 @@ fn spawn_inner(
     ));
     let svs = collector.sv_view();
     let shutdown = CancellationToken::new();
-    let (leading_tx, leading) = watch::channel(false);
+    let (leading_tx, leading) = watch::channel(None);
     let task = tokio::spawn(leader::run(
         client,
         leader,
@@ -154,7 +157,7 @@ fn spawn_inner(
 impl GcHandle {
     /// A handle for `--no-gc`: never leads; shutdown returns at once.
     pub fn disabled() -> GcHandle {
-        let (_, leading) = watch::channel(false);
+        let (_, leading) = watch::channel(None);
         GcHandle {
             shutdown: CancellationToken::new(),
             task: None,
@@ -170,7 +173,10 @@ impl GcHandle {
 
     /// True while this replica holds the leader Lease and collects.
     pub fn is_leading(&self) -> bool {
-        *self.leading.borrow()
+        self.leading
+            .borrow()
+            .as_ref()
+            .is_some_and(|t| !t.is_cancelled())
     }
 
     /// This replica's identity in the leader Lease (None when disabled).
@@ -178,9 +184,9 @@ impl GcHandle {
         self.identity.as_deref()
     }
 
-    /// A receiver that follows [`GcHandle::is_leading`]: the stable leadership signal for work
-    /// that must run on one replica only (e.g. a storage migration started on the leader).
-    pub fn leading(&self) -> watch::Receiver<bool> {
+    /// The leader's terms, for work that must run on one replica only (the migration trigger,
+    /// the report): run it with [`leader::each_term`], fenced by the same token as the collector.
+    pub fn terms(&self) -> leader::Terms {
         self.leading.clone()
     }
 

@@ -75,7 +75,7 @@ pub fn spawn(
     );
     let identity = leader.identity().unwrap_or("serve").to_string();
     let trigger = Arc::new(Trigger::new(client, cfg, metrics, &identity));
-    let task = tokio::spawn(trigger.run(leader.leading(), shutdown.clone()));
+    let task = tokio::spawn(trigger.run(leader.terms(), shutdown.clone()));
     Ok(MigrateHandle {
         shutdown,
         task: Some(task),

@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::Resource;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -86,41 +85,17 @@ impl Trigger {
         }
     }
 
-    /// Runs a term each time `leading` turns true, until `shutdown` is cancelled or the
-    /// leader election ends.
+    /// Runs a term of the trigger each time this replica leads, dropped the moment the term
+    /// ends ([`crate::gc::leader::each_term`]).
     pub async fn run(
         self: Arc<Self>,
-        mut leading: watch::Receiver<bool>,
+        terms: crate::gc::leader::Terms,
         shutdown: CancellationToken,
     ) {
-        loop {
-            if !crate::gc::leader::until_leading(&mut leading, &shutdown).await {
-                return;
-            }
-            tracing::info!("leading: storage migration trigger starting");
-            let term = shutdown.child_token();
-            let work = Arc::clone(&self).lead(term.clone());
-            tokio::pin!(work);
-            let ended_by_election = loop {
-                tokio::select! {
-                    () = &mut work => break false,
-                    changed = leading.changed() => {
-                        if changed.is_err() || !*leading.borrow_and_update() {
-                            break true;
-                        }
-                    }
-                }
-            };
-            term.cancel();
-            if ended_by_election {
-                // The term's pass returns at its next await (bounded, in case).
-                let _ = tokio::time::timeout(CALL_TIMEOUT * 2, &mut work).await;
-                tracing::info!("no longer leading: storage migration trigger stopped");
-            }
-            if shutdown.is_cancelled() {
-                return;
-            }
-        }
+        crate::gc::leader::each_term("migration trigger", terms, shutdown, |term| {
+            Arc::clone(&self).lead(term)
+        })
+        .await;
     }
 
     async fn lead(self: Arc<Self>, term: CancellationToken) {

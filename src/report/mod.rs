@@ -91,7 +91,7 @@ pub fn spawn(
         inputs.leases,
         inputs.leader.storage_versions(),
     ));
-    let task = tokio::spawn(reporter.run(inputs.leader.leading(), shutdown.clone()));
+    let task = tokio::spawn(reporter.run(inputs.leader.terms(), shutdown.clone()));
     Ok(ReportHandle {
         shutdown,
         task: Some(task),

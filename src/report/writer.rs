@@ -110,42 +110,21 @@ impl Reporter {
         }
     }
 
-    /// Runs a term each time `leading` turns true, until `shutdown` is cancelled or the leader
-    /// election ends. A term's work is dropped the moment leadership ends.
+    /// Runs a term of the report each time this replica leads, dropped the moment the term
+    /// ends ([`crate::gc::leader::each_term`]); its results gauges read 0 between terms.
     pub async fn run(
         self: Arc<Self>,
-        mut leading: watch::Receiver<bool>,
+        terms: crate::gc::leader::Terms,
         shutdown: CancellationToken,
     ) {
-        loop {
-            if !crate::gc::leader::until_leading(&mut leading, &shutdown).await {
-                return;
+        crate::gc::leader::each_term("policy report", terms, shutdown, |term| {
+            let this = Arc::clone(&self);
+            async move {
+                let _zero = ZeroOnDrop(&this.metrics);
+                Arc::clone(&this).lead(term).await;
             }
-            tracing::info!(report = %self.cfg.name, "leading: policy report starting");
-            let term = shutdown.child_token();
-            let ended_by_election = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => false,
-                () = Arc::clone(&self).lead(term.clone()) => false,
-                () = lost(&mut leading) => true,
-            };
-            term.cancel();
-            self.metrics.judged(None, 0);
-            if ended_by_election {
-                tracing::info!(report = %self.cfg.name, "no longer leading: policy report stopped");
-            }
-            if shutdown.is_cancelled() {
-                return;
-            }
-            if !ended_by_election {
-                // The collector's term ended under ours (it is being re-elected): wait a moment
-                // for its next store rather than spin.
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(MIN_BACKOFF) => {}
-                }
-            }
-        }
+        })
+        .await;
     }
 
     /// One term: wait for the collector's store, then judge on changes and resyncs.
@@ -373,12 +352,12 @@ impl Reporter {
     }
 }
 
-/// Resolves when `leading` turns false or its sender is gone.
-async fn lost(leading: &mut watch::Receiver<bool>) {
-    loop {
-        if leading.changed().await.is_err() || !*leading.borrow_and_update() {
-            return;
-        }
+/// Sets the results gauges to 0 when a term's work ends or is dropped.
+struct ZeroOnDrop<'a>(&'a ReportMetrics);
+
+impl Drop for ZeroOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.judged(None, 0);
     }
 }
 
