@@ -608,7 +608,7 @@ fn default_render_is_hardened_and_least_privilege() {
             "",
             json!([
                 {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"],
-                 "verbs": ["get", "list", "watch", "delete"]},
+                 "verbs": ["get", "list", "watch", "delete", "create"]},
                 {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions/status"],
                  "verbs": ["update"]},
             ]),

@@ -446,7 +446,7 @@ async fn lookup_errors_never_remove_entries() {
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": "svw-gc"},
             "rules": [
-                {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"], "verbs": ["get", "list", "watch", "delete"]},
+                {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"], "verbs": ["get", "list", "watch", "delete", "create"]},
                 {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions/status"], "verbs": ["update"]},
             ]
         }),

@@ -567,6 +567,56 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     stop(token, task).await;
 }
 
+/// Issue 30 (simulation seeds 80 and 133): the object's last entry is the returning apiserver's.
+/// Its unchanged rewrite kept the resourceVersion, so the preconditioned DELETE went through; the
+/// give-back finds the lease back and the object gone, creates it again, and writes the entry.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
+    let name = "a.example.com.widgets";
+    let rig = rig(vec![sv(name, "10", &[GONE])], move |call, earlier| {
+        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
+        let created = earlier.iter().any(|c| c.method == "POST");
+        if gets_lease(call, GONE) && lease_gets == 0 {
+            not_found()
+        } else if gets_lease(call, GONE) {
+            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
+        } else if call.method == "DELETE" {
+            Reply::Json(200, json!({"kind": "Status", "status": "Success"}))
+        } else if call.method == "GET" && call.path.ends_with(name) && !created {
+            not_found()
+        } else if call.method == "POST" {
+            let mut body = call.body.clone();
+            body["metadata"]["resourceVersion"] = json!("12");
+            Reply::Json(201, body)
+        } else if call.method == "GET" && call.path.ends_with(name) {
+            Reply::Json(200, sv(name, "12", &[]))
+        } else if call.method == "PUT" {
+            Reply::Json(200, call.body.clone())
+        } else {
+            status(500, "unexpected")
+        }
+    });
+    let (token, task) = rig.start();
+    rig.run_until(Duration::from_secs(120), |r| {
+        r.calls("PUT", "/status").len() == 1
+    })
+    .await;
+    assert_eq!(rig.calls("DELETE", SVS).len(), 1);
+    let posts = rig.calls("POST", SVS);
+    assert_eq!(posts.len(), 1, "the object was not created again");
+    assert_eq!(posts[0].body["metadata"]["name"], name);
+    let puts = rig.calls("PUT", "/status");
+    assert_eq!(puts[0].body["metadata"]["resourceVersion"], "12");
+    assert_eq!(
+        puts[0].body["status"]["storageVersions"],
+        json!([entry(GONE)]),
+        "the entry was not given back"
+    );
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(rig.calls("POST", SVS).len(), 1);
+    stop(token, task).await;
+}
+
 /// The watch delivers the lease back before the write: the write is not sent at all.
 #[tokio::test(start_paused = true)]
 async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {

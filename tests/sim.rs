@@ -234,3 +234,14 @@ fn a_replica_does_not_lead_on_its_own_expired_lease() {
 fn a_follower_never_clears_a_live_leader_lease() {
     regression(127, |_| {}, "I3");
 }
+
+/// Issue 30, seeds 80 and 133: the confirming GET of apiserver-b's lease answered 404, the
+/// apiserver came back and rewrote its unchanged entries (the resourceVersion did not move), and
+/// the preconditioned DELETE of the object went through; the give-back found the lease back but
+/// the object gone, and it was not re-created until the apiserver's next 10-minute refresh. The
+/// give-back now creates the object again with the returned entries.
+#[test]
+fn an_object_deleted_under_a_returning_apiserver_comes_back() {
+    regression(80, |_| {}, "I1");
+    regression(133, |_| {}, "I1");
+}

@@ -715,8 +715,10 @@ impl Term {
     }
 
     /// Appends `entries` to object `name` where their apiserver has none now (read fresh, written
-    /// with its resourceVersion; a conflict reads again). An object the batch deleted is not
-    /// re-created: its apiserver writes it again at its next refresh.
+    /// with its resourceVersion; a conflict reads again). An object the batch deleted is created
+    /// again first: an apiserver that came back and rewrote its unchanged entry before the
+    /// DELETE (which the precondition could not stop) gets its entry back now, not at its next
+    /// 10-minute refresh.
     async fn give_back(
         &self,
         name: &str,
@@ -729,7 +731,13 @@ impl Term {
                 .await?;
             let fresh = match got {
                 Ok(Some(fresh)) => fresh.trim(),
-                Ok(None) => return Some(()),
+                Ok(None) => {
+                    // The batch deleted it (these were its last entries): create it again, and
+                    // its status at the next attempt (kube-apiserver drops status on create).
+                    // An apiserver that created it meanwhile wins: AlreadyExists reads it again.
+                    self.recreate(name).await?;
+                    continue;
+                }
                 Err(e) => {
                     self.c.metrics.error("get_storage_version");
                     tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion to give entries back");
@@ -764,6 +772,32 @@ impl Term {
                     tracing::warn!(storageversion = name, error = %e, "cannot give entries back");
                     return Some(());
                 }
+            }
+        }
+        Some(())
+    }
+
+    /// Creates the StorageVersion `name` again, empty (its entries are written by the caller's
+    /// next attempt through `/status`). `None` if the term ended.
+    async fn recreate(&self, name: &str) -> Option<()> {
+        let mut sv = StorageVersion::default();
+        sv.metadata.name = Some(name.to_string());
+        let api: Api<StorageVersion> = Api::all(self.c.svs.clone().into_client());
+        let pp = PostParams::default();
+        let create = api.create(&pp, &sv);
+        match self.call("POST storageversion", create).await? {
+            Ok(_) => {
+                self.c.metrics.write("recreate", "ok");
+                tracing::info!(
+                    storageversion = name,
+                    "created again to give back the entries of an apiserver that came back"
+                );
+            }
+            Err(e) if is_status(&e, 409) => {}
+            Err(e) => {
+                self.c.metrics.write("recreate", "error");
+                self.c.metrics.error("recreate");
+                tracing::warn!(storageversion = name, error = %e, "cannot create StorageVersion again to give entries back");
             }
         }
         Some(())
