@@ -48,7 +48,9 @@
 //! trace (`sim/api.rs`).
 //!
 //! Running: `cargo test --test sim` runs `SEEDS` seeds; `SVW_SIM_SEED=<n>` replays one seed,
-//! `SVW_SIM_SEEDS=<n>` runs n seeds from 1. A failure prints the seed, what broke, and the last
+//! `SVW_SIM_SEEDS=<n>` runs n seeds from 1 (`SVW_SIM_STRIPE=j/J` only those equal to j modulo
+//! J); `scripts/sim --seeds N --jobs J` runs a swarm of N seeds in J processes and prints each
+//! failing seed with its replay command (CI runs it with as many seeds as fit in about 90 s). A failure prints the seed, what broke, and the last
 //! lines of the trace (world events `W`, and every API call with its answer).
 
 #[path = "sim/api.rs"]
@@ -111,7 +113,17 @@ fn seeds() -> Vec<u64> {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(SEEDS);
-    (1..=n).collect()
+    // `SVW_SIM_STRIPE=j/J`: the seeds s with s % J == j, for J processes side by side
+    // (`scripts/sim`).
+    let (j, jobs) = std::env::var("SVW_SIM_STRIPE")
+        .ok()
+        .and_then(|s| {
+            let (a, b) = s.split_once('/')?;
+            Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?))
+        })
+        .filter(|(j, jobs)| j < jobs)
+        .unwrap_or((0, 1));
+    (1..=n).filter(|s| s % jobs == j).collect()
 }
 
 #[test]
