@@ -163,7 +163,14 @@ impl Plan {
     pub fn new(seed: u64) -> Plan {
         Plan {
             seed,
-            chaos: Duration::from_secs(2 * 3600),
+            // `SVW_SIM_CHAOS_HOURS` (`scripts/sim --hours H`): a longer world.
+            chaos: Duration::from_secs(
+                std::env::var("SVW_SIM_CHAOS_HOURS")
+                    .ok()
+                    .and_then(|h| h.parse::<u64>().ok())
+                    .unwrap_or(2)
+                    .saturating_mul(3600),
+            ),
             quiet: Duration::from_secs(25 * 60),
             without: std::env::var("SVW_SIM_WITHOUT")
                 .map(|w| w.split(',').map(str::to_string).collect())
