@@ -1,5 +1,15 @@
 //! Step 3 of a pass: one live GET per due lease ([`Term::confirm`]), right before the writes
 //! that act on it, and the GETs again after a conflict's re-read ([`Term::reconfirm`]).
+//!
+//! Invariant I1 (docs/gc.md): an entry written by an apiserver after its lease's latest creation
+//! is never removed while that lease exists. The GET is a quorum read sent after the pass took
+//! its snapshot of the store, so every entry of the copies acted on was written before it; a
+//! lease that exists later was created after the GET, so after those entries. A copy refused with
+//! 409 is read again and its leases are confirmed again after that read. A lookup that fails, or
+//! a lease that is back, removes nothing.
+//!
+//! Invariant I6 (API calls per event): one GET per due lease; after a 409, one GET per confirmed
+//! lease the fresh copy still names.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,5 +1,17 @@
 //! After a batch: the entries given back to an apiserver found back
 //! ([`Term::give_back_if_returned`]).
+//!
+//! Invariant I1 (docs/gc.md), its one gap: an apiserver that comes back and rewrites its entry
+//! unchanged before the batch's write reaches the object. kube-apiserver keeps a write that
+//! changes nothing out of etcd, so the resourceVersion stays and the removal goes through. So,
+//! one more live GET per lease whose entries the batch removed: a lease found back was created
+//! before that GET, so any such rewrite came before it too. Its removed entries are given back
+//! where its apiserver has none now (read fresh, written with the fresh resourceVersion; the
+//! apiserver's own newer entry wins). An object the batch deleted is created again first.
+//!
+//! Invariant I6 (API calls per event): one more GET per lease whose entries were removed; only
+//! for a lease found back, per object one GET and one write (more only on conflicts, at most
+//! `MAX_CONFLICT_RETRIES`).
 
 use std::collections::BTreeSet;
 

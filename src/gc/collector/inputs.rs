@@ -1,5 +1,10 @@
 //! The inputs of a term: the StorageVersion watch that feeds the store, the lease store's
 //! changes, and the sweep timer. Each wakes the pass loop; none makes an API call but the watch.
+//!
+//! Invariant I2 (docs/gc.md), the grace counts from the latest absence: a suspect whose lease
+//! the lease watch delivers back is forgotten at once ([`Term::follow_leases`]), so its next
+//! absence waits the whole grace again, even if it goes before the next pass. A lease deletion is
+//! followed up even when no object names it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -19,7 +19,15 @@
 //! The copies acted on come from one snapshot of the store taken before step 3, so each entry
 //! removed was written before its lease was seen gone (invariant I1 in docs/gc.md).
 //!
-//! Everything stops when the term's token is cancelled.
+//! Everything stops when the term's token is cancelled. That keeps invariant I3 (docs/gc.md: a
+//! replica that is not the leader never completes a write): every API call of a term is raced
+//! against the token ([`Term::cancellable`], [`Term::call`]), which the election cancels before
+//! it says leadership ended (`gc::leader::each_term`).
+//!
+//! The pass loop here bounds I2 (an entry whose lease has been gone longer than the grace plus a
+//! bound is removed): it wakes at the next due suspect, a pass runs at most
+//! [`MIN_PASS_INTERVAL`] after a wake-up, and every call ends within [`CALL_TIMEOUT`]. I4 and I5
+//! are the migration trigger's (docs/migration.md).
 //!
 //! Each step is a file of its own:
 //! - `inputs.rs`: the watches that feed the stores and wake the loop, and the sweep timer.
@@ -167,6 +175,7 @@ struct TermState {
 /// What one term knows and runs.
 struct Term {
     c: Arc<Collector>,
+    /// Cancelled when the term ends: every call of the term races it (I3).
     token: CancellationToken,
     svs: Store<StoredSv>,
     /// Bumped after every change of `svs` (see [`SvView`]).

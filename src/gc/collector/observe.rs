@@ -1,5 +1,13 @@
 //! Steps 1 and 2 of a pass: [`Term::observe`], what the stores show (no API call), and
 //! [`Term::due`], which gone-looking apiServerIDs (*suspects*) have waited out their grace.
+//!
+//! Invariant I2 (docs/gc.md): an entry whose lease has been gone longer than the grace plus a
+//! bound is removed. A suspect is due at [`Suspect::due_at`]: the deletion grace after this term
+//! first saw it gone (at once for a lease expired beyond the expired-lease grace, which waited
+//! its own), or later after a failed lookup or write (capped backoff). The grace counts from the
+//! latest absence: a lease that looks live again is forgotten (in [`Term::due`], and at once when
+//! the lease watch delivers it, `inputs.rs`). The grace is also I1's first clause: an entry goes
+//! only after its lease was seen gone for the whole grace, and then confirmed (`confirm.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;

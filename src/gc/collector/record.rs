@@ -1,6 +1,8 @@
 //! The record of a batch: one Normal Event per changed (or deleted) object, published once all
 //! the batch's writes are done ([`Term::publish`]), best effort (a failure is counted and logged,
 //! and never makes a write retry); and how removals are described ([`describe`]).
+//!
+//! Invariant I6 (API calls per event): one Event per changed object.
 
 use kube::runtime::events::{Event, EventType};
 

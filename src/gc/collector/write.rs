@@ -1,5 +1,16 @@
 //! Step 4 of a pass: one write per object naming a confirmed lease ([`Term::act`],
 //! [`Term::write_one`]); [`Term::send`] is the one place write errors are mapped.
+//!
+//! Invariant I1 (docs/gc.md): the objects are the copies in the pass's snapshot, taken before the
+//! confirming GETs ([`Term::targets`]), and each write carries its copy's resourceVersion (a
+//! delete also the uid, [`delete_params`]), so it removes nothing written after the copy. A 409
+//! reads the object again and confirms again after that read (`confirm.rs`). Before each write, a
+//! lease the watch already shows back drops out (no API call). An unchanged rewrite slips past
+//! the resourceVersion: the give-back after the batch closes that (`give_back.rs`).
+//!
+//! Invariant I6 (API calls per event): per object one write; per 409 at most one GET of the
+//! object, the confirming GETs again and one more write, at most `MAX_CONFLICT_RETRIES` times.
+//! No per-object read otherwise.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
