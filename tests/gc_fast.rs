@@ -40,6 +40,7 @@ impl Call {
 }
 
 /// How the mock answers.
+#[derive(Clone)]
 enum Reply {
     Json(u16, Value),
     /// Never answer (a watch that stays open).
@@ -51,6 +52,134 @@ enum Reply {
         after: Duration,
         reply: Box<Reply>,
     },
+}
+
+/// Which requests a rule of a [`Script`] answers.
+#[derive(Clone)]
+struct Req(Arc<dyn Fn(&Call) -> bool + Send + Sync>);
+
+impl Req {
+    fn new(matches: impl Fn(&Call) -> bool + Send + Sync + 'static) -> Req {
+        Req(Arc::new(matches))
+    }
+
+    fn matches(&self, call: &Call) -> bool {
+        (self.0)(call)
+    }
+
+    /// Only those whose body names resourceVersion `rv` (a write of that copy).
+    fn at_rv(self, rv: &'static str) -> Req {
+        Req::new(move |c| self.matches(c) && c.body["metadata"]["resourceVersion"] == rv)
+    }
+}
+
+fn method(m: &'static str) -> Req {
+    Req::new(move |c| c.method == m)
+}
+
+fn put() -> Req {
+    method("PUT")
+}
+
+/// A write of an object's status.
+fn put_status() -> Req {
+    Req::new(|c| c.method == "PUT" && c.path.ends_with("/status"))
+}
+
+fn post() -> Req {
+    method("POST")
+}
+
+fn delete() -> Req {
+    method("DELETE")
+}
+
+/// The GET of the StorageVersion `name` (a read of one object).
+fn get(name: &'static str) -> Req {
+    Req::new(move |c| c.method == "GET" && c.path.ends_with(name))
+}
+
+/// The GET of the lease `id`.
+fn get_lease(id: &'static str) -> Req {
+    Req::new(move |c| c.method == "GET" && lease_get(&c.path) == Some(id))
+}
+
+/// What a rule of a [`Script`] answers: a reply, or one made from the request when it comes.
+enum Answer {
+    Fixed(Reply),
+    From(Box<dyn FnMut(&Call) -> Reply + Send>),
+}
+
+impl Answer {
+    fn with(make: impl FnMut(&Call) -> Reply + Send + 'static) -> Answer {
+        Answer::From(Box::new(make))
+    }
+
+    fn reply(&mut self, call: &Call) -> Reply {
+        match self {
+            Answer::Fixed(reply) => reply.clone(),
+            Answer::From(make) => make(call),
+        }
+    }
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Answer {
+        Answer::Fixed(reply)
+    }
+}
+
+struct Rule {
+    req: Req,
+    /// The rule is over once a request like this has come.
+    until: Option<Req>,
+    answer: Answer,
+}
+
+/// The mock's answers to what [`serve`] leaves to the test: rules tried in order, the first
+/// that matches answers, and a request no rule matches gets a 500 "unexpected".
+#[derive(Default)]
+struct Script {
+    rules: Vec<Rule>,
+}
+
+impl Script {
+    fn new() -> Script {
+        Script::default()
+    }
+
+    /// Answers every request `req` matches.
+    fn on(self, req: Req, answer: impl Into<Answer>) -> Script {
+        self.rule(req, None, answer.into())
+    }
+
+    /// Answers the first request `req` matches (none like it came before).
+    fn first(self, req: Req, answer: impl Into<Answer>) -> Script {
+        self.rule(req.clone(), Some(req), answer.into())
+    }
+
+    /// Answers the requests `req` matches until one that `seen` matches has come.
+    fn until(self, req: Req, seen: Req, answer: impl Into<Answer>) -> Script {
+        self.rule(req, Some(seen), answer.into())
+    }
+
+    fn rule(mut self, req: Req, until: Option<Req>, answer: Answer) -> Script {
+        self.rules.push(Rule { req, until, answer });
+        self
+    }
+
+    fn reply(&mut self, call: &Call, earlier: &[Call]) -> Reply {
+        let rule = self.rules.iter_mut().find(|r| {
+            r.req.matches(call)
+                && r.until
+                    .as_ref()
+                    .is_none_or(|seen| !earlier.iter().any(|c| seen.matches(c)))
+        });
+        match rule {
+            Some(rule) => rule.answer.reply(call),
+            None => status(500, "unexpected"),
+        }
+    }
 }
 
 fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, v: &Value) {
@@ -105,13 +234,32 @@ fn status(code: u16, reason: &str) -> Reply {
     )
 }
 
+/// The lease `id`, found (made when the GET comes).
+fn found(id: &'static str) -> Answer {
+    Answer::with(move |_| Reply::Json(200, serde_json::to_value(lease(id)).unwrap()))
+}
+
+/// The written object as it was sent.
+fn echo() -> Answer {
+    Answer::with(|call| Reply::Json(200, call.body.clone()))
+}
+
+/// The written object, stored at resourceVersion `rv`.
+fn stored(code: u16, rv: &'static str) -> Answer {
+    Answer::with(move |call| {
+        let mut body = call.body.clone();
+        body["metadata"]["resourceVersion"] = json!(rv);
+        Reply::Json(code, body)
+    })
+}
+
 /// Answers the collector's requests: the StorageVersion list from `objects`, watches held open,
 /// Events accepted, and everything else by `script`.
 async fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     log: Log,
     objects: Vec<Value>,
-    mut script: impl FnMut(&Call, &[Call]) -> Reply + Send,
+    mut script: Script,
 ) {
     let start = Instant::now();
     let mut held = Vec::new();
@@ -143,7 +291,7 @@ async fn serve(
         } else if call.method == "POST" && call.path.contains("/events") {
             Reply::Json(201, call.body.clone())
         } else {
-            script(&call, &earlier)
+            script.reply(&call, &earlier)
         };
         match reply {
             Reply::Hold if sv_watch => sv_watches.push(send),
@@ -177,7 +325,7 @@ struct Rig {
     log: Log,
 }
 
-fn rig(objects: Vec<Value>, script: impl FnMut(&Call, &[Call]) -> Reply + Send + 'static) -> Rig {
+fn rig(objects: Vec<Value>, script: Script) -> Rig {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let log: Log = Arc::default();
@@ -255,14 +403,17 @@ fn lease_get(path: &str) -> Option<&str> {
     path.strip_prefix(LEASES)?.strip_prefix('/')
 }
 
-/// Whether `call` is the GET of the lease `id`.
-fn gets_lease(call: &Call, id: &str) -> bool {
-    call.method == "GET" && lease_get(&call.path) == Some(id)
-}
-
 /// One StorageVersion, with only the entry of the gone apiserver.
 fn gone_only() -> Vec<Value> {
     vec![sv("a.example.com.widgets", "10", &[GONE])]
+}
+
+/// The gone apiserver's lease is not found, and a DELETE goes through.
+fn gone_and_deleted() -> Script {
+    let deleted = json!({"kind": "Status", "apiVersion": "v1", "status": "Success"});
+    Script::new()
+        .on(get_lease(GONE), not_found())
+        .on(delete(), Reply::Json(200, deleted))
 }
 
 /// The grace, then one GET per gone lease, one write per object, and one more GET per lease
@@ -282,17 +433,10 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
             )
         })
         .collect();
-    let rig = rig(objects, |call, _| {
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "PUT" && call.path.ends_with("/status") {
-            let mut body = call.body.clone();
-            body["metadata"]["resourceVersion"] = json!("99");
-            Reply::Json(200, body)
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let script = Script::new()
+        .on(get_lease(GONE), not_found())
+        .on(put_status(), stored(200, "99"));
+    let rig = rig(objects, script);
     let (token, task) = rig.start();
 
     tokio::time::sleep(GRACE / 3).await;
@@ -363,15 +507,10 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
 /// The lease is back at the GET right before the write: nothing is written.
 #[tokio::test(start_paused = true)]
 async fn a_lease_back_at_the_recheck_keeps_every_entry() {
+    let script = Script::new().on(get_lease(GONE), found(GONE));
     let rig = rig(
         vec![sv("a.example.com.widgets", "10", &[GONE, LIVE])],
-        |call, _| {
-            if gets_lease(call, GONE) {
-                Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-            } else {
-                status(500, "unexpected")
-            }
-        },
+        script,
     );
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(60), |r| {
@@ -389,21 +528,16 @@ async fn a_lease_back_at_the_recheck_keeps_every_entry() {
 #[tokio::test(start_paused = true)]
 async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
-        let puts = earlier.iter().filter(|c| c.method == "PUT").count();
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "PUT" && puts == 0 {
-            status(409, "Conflict")
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            // Another apiserver added itself meanwhile.
-            Reply::Json(200, sv(name, "11", &[GONE, LIVE, "apiserver-new"]))
-        } else if call.method == "PUT" {
-            Reply::Json(200, call.body.clone())
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let script = Script::new()
+        .on(get_lease(GONE), not_found())
+        .first(put(), status(409, "Conflict"))
+        // Another apiserver added itself meanwhile.
+        .on(
+            get(name),
+            Reply::Json(200, sv(name, "11", &[GONE, LIVE, "apiserver-new"])),
+        )
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         r.calls("PUT", "/status").len() == 2
@@ -422,7 +556,7 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
         .position(|c| c.method == "GET" && c.path.ends_with(name))
         .expect("the re-read");
     let lease_gets: Vec<usize> = (0..log.len())
-        .filter(|&i| gets_lease(&log[i], GONE))
+        .filter(|&i| get_lease(GONE).matches(&log[i]))
         .collect();
     assert_eq!(lease_gets.len(), 3, "{log:#?}");
     assert!(
@@ -441,20 +575,12 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
 #[tokio::test(start_paused = true)]
 async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            not_found()
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "PUT" && call.body["metadata"]["resourceVersion"] == "10" {
-            status(409, "Conflict")
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "11", &[GONE, LIVE]))
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let script = Script::new()
+        .first(get_lease(GONE), not_found())
+        .on(get_lease(GONE), found(GONE))
+        .on(put().at_rv("10"), status(409, "Conflict"))
+        .on(get(name), Reply::Json(200, sv(name, "11", &[GONE, LIVE])));
+    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         r.calls("GET", LEASES).len() == 2
@@ -480,29 +606,21 @@ async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation()
 #[tokio::test(start_paused = true)]
 async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            // The lease is gone now; the apiserver comes back before the answer arrives.
-            let fresh = sv(name, "11", &[LIVE, GONE]);
-            Reply::Meanwhile {
-                event: json!({"type": "MODIFIED", "object": fresh}),
-                after: Duration::from_secs(1),
-                reply: Box::new(not_found()),
-            }
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "PUT" && call.body["metadata"]["resourceVersion"] == "10" {
-            status(409, "Conflict")
-        } else if call.method == "PUT" {
-            // Only a write of the fresh copy gets here: it would succeed.
-            Reply::Json(200, call.body.clone())
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "11", &[LIVE, GONE]))
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    // The lease is gone now; the apiserver comes back before the answer arrives.
+    let fresh = sv(name, "11", &[LIVE, GONE]);
+    let back_meanwhile = Reply::Meanwhile {
+        event: json!({"type": "MODIFIED", "object": fresh}),
+        after: Duration::from_secs(1),
+        reply: Box::new(not_found()),
+    };
+    let script = Script::new()
+        .first(get_lease(GONE), back_meanwhile)
+        .on(get_lease(GONE), found(GONE))
+        .on(put().at_rv("10"), status(409, "Conflict"))
+        // Only a write of the fresh copy gets here: it would succeed.
+        .on(put(), echo())
+        .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE, GONE])));
+    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         !r.calls("PUT", "/status").is_empty()
@@ -527,24 +645,13 @@ async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
 #[tokio::test(start_paused = true)]
 async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            not_found()
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "PUT" && call.body["metadata"]["resourceVersion"] == "10" {
-            let mut body = call.body.clone();
-            body["metadata"]["resourceVersion"] = json!("11");
-            Reply::Json(200, body)
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "11", &[LIVE]))
-        } else if call.method == "PUT" {
-            Reply::Json(200, call.body.clone())
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let script = Script::new()
+        .first(get_lease(GONE), not_found())
+        .on(get_lease(GONE), found(GONE))
+        .on(put().at_rv("10"), stored(200, "11"))
+        .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         r.calls("PUT", "/status").len() == 2
@@ -573,29 +680,19 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
 #[tokio::test(start_paused = true)]
 async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        let created = earlier.iter().any(|c| c.method == "POST");
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            not_found()
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "DELETE" {
-            Reply::Json(200, json!({"kind": "Status", "status": "Success"}))
-        } else if call.method == "GET" && call.path.ends_with(name) && !created {
-            not_found()
-        } else if call.method == "POST" {
-            let mut body = call.body.clone();
-            body["metadata"]["resourceVersion"] = json!("12");
-            Reply::Json(201, body)
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "12", &[]))
-        } else if call.method == "PUT" {
-            Reply::Json(200, call.body.clone())
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let script = Script::new()
+        .first(get_lease(GONE), not_found())
+        .on(get_lease(GONE), found(GONE))
+        .on(
+            delete(),
+            Reply::Json(200, json!({"kind": "Status", "status": "Success"})),
+        )
+        // Gone until something was POSTed (an Event counts too).
+        .until(get(name), post(), not_found())
+        .on(post(), stored(201, "12"))
+        .on(get(name), Reply::Json(200, sv(name, "12", &[])))
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[GONE])], script);
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         r.calls("PUT", "/status").len() == 1
@@ -623,17 +720,15 @@ async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {
     let name = "a.example.com.widgets";
     let store: Arc<Mutex<Option<LeaseStore>>> = Arc::default();
     let handle = Arc::clone(&store);
-    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], move |call, _| {
-        if gets_lease(call, GONE) {
-            // The lease is created right after this GET looked; the watch brings it.
-            if let Some(s) = handle.lock().unwrap().as_ref() {
-                s.apply(watcher::Event::Apply(lease(GONE)));
-            }
-            not_found()
-        } else {
-            status(500, "unexpected")
+    let created_after_the_get = Answer::with(move |_| {
+        // The lease is created right after this GET looked; the watch brings it.
+        if let Some(s) = handle.lock().unwrap().as_ref() {
+            s.apply(watcher::Event::Apply(lease(GONE)));
         }
+        not_found()
     });
+    let script = Script::new().on(get_lease(GONE), created_after_the_get);
+    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
     *store.lock().unwrap() = Some(rig.leases.clone());
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
@@ -651,18 +746,7 @@ async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {
 /// the entries at t0+30 s, after 2 s of absence.)
 #[tokio::test(start_paused = true)]
 async fn the_grace_restarts_when_a_lease_comes_back() {
-    let rig = rig(gone_only(), |call, _| {
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "DELETE" {
-            Reply::Json(
-                200,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-            )
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let rig = rig(gone_only(), gone_and_deleted());
     let store = rig.leases.clone();
     store.apply(watcher::Event::Apply(lease(GONE)));
     let t0 = Instant::now();
@@ -691,13 +775,8 @@ async fn the_grace_restarts_when_a_lease_comes_back() {
 /// A lookup that fails removes nothing, and is retried with backoff.
 #[tokio::test(start_paused = true)]
 async fn lookup_errors_remove_nothing() {
-    let rig = rig(gone_only(), |call, _| {
-        if gets_lease(call, GONE) {
-            status(500, "InternalError")
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let script = Script::new().on(get_lease(GONE), status(500, "InternalError"));
+    let rig = rig(gone_only(), script);
     let (token, task) = rig.start();
     rig.run_until(Duration::from_secs(120), |r| {
         r.calls("GET", LEASES).len() >= 4
@@ -716,18 +795,7 @@ async fn lookup_errors_remove_nothing() {
 /// term counts its grace from its own start.
 #[tokio::test(start_paused = true)]
 async fn a_new_term_counts_the_grace_from_its_start() {
-    let rig = rig(gone_only(), |call, _| {
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "DELETE" {
-            Reply::Json(
-                200,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-            )
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let rig = rig(gone_only(), gone_and_deleted());
     let (token, task) = rig.start();
     tokio::time::sleep(GRACE - Duration::from_secs(5)).await;
     stop(token, task).await;
