@@ -408,6 +408,14 @@ fn gone_only() -> Vec<Value> {
     vec![sv("a.example.com.widgets", "10", &[GONE])]
 }
 
+/// The lease `id` is not found at the first GET and found at every GET after (its apiserver
+/// came back).
+fn gone_then_back(id: &'static str) -> Script {
+    Script::new()
+        .first(get_lease(id), not_found())
+        .on(get_lease(id), found(id))
+}
+
 /// The gone apiserver's lease is not found, and a DELETE goes through.
 fn gone_and_deleted() -> Script {
     let deleted = json!({"kind": "Status", "apiVersion": "v1", "status": "Success"});
@@ -575,9 +583,7 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
 #[tokio::test(start_paused = true)]
 async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation() {
     let name = "a.example.com.widgets";
-    let script = Script::new()
-        .first(get_lease(GONE), not_found())
-        .on(get_lease(GONE), found(GONE))
+    let script = gone_then_back(GONE)
         .on(put().at_rv("10"), status(409, "Conflict"))
         .on(get(name), Reply::Json(200, sv(name, "11", &[GONE, LIVE])));
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
@@ -645,9 +651,7 @@ async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
 #[tokio::test(start_paused = true)]
 async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     let name = "a.example.com.widgets";
-    let script = Script::new()
-        .first(get_lease(GONE), not_found())
-        .on(get_lease(GONE), found(GONE))
+    let script = gone_then_back(GONE)
         .on(put().at_rv("10"), stored(200, "11"))
         .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
         .on(put(), echo());
@@ -680,9 +684,7 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
 #[tokio::test(start_paused = true)]
 async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
     let name = "a.example.com.widgets";
-    let script = Script::new()
-        .first(get_lease(GONE), not_found())
-        .on(get_lease(GONE), found(GONE))
+    let script = gone_then_back(GONE)
         .on(
             delete(),
             Reply::Json(200, json!({"kind": "Status", "status": "Success"})),
