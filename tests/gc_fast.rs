@@ -352,11 +352,32 @@ fn rig(objects: Vec<Value>, script: Script) -> Rig {
     }
 }
 
+/// A term of the collector's on the rig, started by [`Rig::start`].
+struct Term {
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Term {
+    /// Ends the term and waits for the collector to return.
+    async fn stop(self) {
+        self.token.cancel();
+        self.task.await.expect("the collector's task");
+    }
+}
+
 impl Rig {
-    fn start(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    fn start(&self) -> Term {
         let token = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&self.collector).lead(token.clone()));
-        (token, task)
+        Term { token, task }
+    }
+
+    /// Starts a term and lets (paused) time run until `done` holds, at most `limit` of it.
+    async fn start_until(&self, limit: Duration, done: impl FnMut(&Rig) -> bool) -> Term {
+        let term = self.start();
+        self.run_until(limit, done).await;
+        term
     }
 
     fn calls(&self, method: &str, path_has: &str) -> Vec<Call> {
@@ -391,12 +412,6 @@ impl Rig {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-}
-
-/// Ends the term started by [`Rig::start`] and waits for the collector to return.
-async fn stop(token: CancellationToken, task: tokio::task::JoinHandle<()>) {
-    token.cancel();
-    task.await.expect("the collector's task");
 }
 
 fn lease_get(path: &str) -> Option<&str> {
@@ -445,7 +460,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         .on(get_lease(GONE), not_found())
         .on(put_status(), stored(200, "99"));
     let rig = rig(objects, script);
-    let (token, task) = rig.start();
+    let term = rig.start();
 
     tokio::time::sleep(GRACE / 3).await;
     assert!(
@@ -508,7 +523,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         events.iter().all(|&i| Some(i) > last_put),
         "an Event between the writes: {log:#?}"
     );
-    stop(token, task).await;
+    term.stop().await;
     assert!(rig.metric("stale_entries").ends_with(" 0"));
 }
 
@@ -520,15 +535,15 @@ async fn a_lease_back_at_the_recheck_keeps_every_entry() {
         vec![sv("a.example.com.widgets", "10", &[GONE, LIVE])],
         script,
     );
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(60), |r| {
-        !r.calls("GET", LEASES).is_empty()
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(60), |r| {
+            !r.calls("GET", LEASES).is_empty()
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(100)).await;
     assert!(rig.calls("PUT", SVS).is_empty() && rig.calls("DELETE", SVS).is_empty());
     assert!(rig.metric("lease_checks").contains("result=\"present\""));
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// A conflict from another writer: the object is read again, the lease it still names is
@@ -546,11 +561,11 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
         )
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 2
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("PUT", "/status").len() == 2
+        })
+        .await;
     let puts = rig.calls("PUT", "/status");
     assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
     assert_eq!(
@@ -571,7 +586,7 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
         lease_gets[1] > reread,
         "confirmed before the re-read: {log:#?}"
     );
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Defect 1 of the interleavings issue, through a conflict: the apiserver came back (re-created
@@ -587,11 +602,11 @@ async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation()
         .on(put().at_rv("10"), status(409, "Conflict"))
         .on(get(name), Reply::Json(200, sv(name, "11", &[GONE, LIVE])));
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("GET", LEASES).len() == 2
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("GET", LEASES).len() == 2
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     let puts = rig.calls("PUT", "/status");
     assert_eq!(
@@ -600,7 +615,7 @@ async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation()
         "wrote the returned apiserver's entry away: {puts:#?}"
     );
     assert!(rig.calls("DELETE", SVS).is_empty());
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Defect 1 without a conflict: the watch delivers the object the returning apiserver wrote
@@ -627,11 +642,11 @@ async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
         .on(put(), echo())
         .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE, GONE])));
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        !r.calls("PUT", "/status").is_empty()
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            !r.calls("PUT", "/status").is_empty()
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     let puts = rig.calls("PUT", "/status");
     assert!(
@@ -640,7 +655,7 @@ async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
         "wrote the fresh copy without its entry: {puts:#?}"
     );
     assert_eq!(puts.len(), 1, "{puts:#?}");
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// The returning apiserver's write changed nothing: it came back after the confirming GET and
@@ -656,11 +671,11 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
         .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 2
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("PUT", "/status").len() == 2
+        })
+        .await;
     let puts = rig.calls("PUT", "/status");
     assert_eq!(
         puts[0].body["status"]["storageVersions"],
@@ -675,7 +690,7 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     assert_eq!(puts[1].body["status"]["futureField"], json!({"kept": true}));
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(rig.calls("PUT", "/status").len(), 2);
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Issue 30 (simulation seeds 80 and 133): the object's last entry is the returning apiserver's.
@@ -695,11 +710,11 @@ async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
         .on(get(name), Reply::Json(200, sv(name, "12", &[])))
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[GONE])], script);
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 1
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("PUT", "/status").len() == 1
+        })
+        .await;
     assert_eq!(rig.calls("DELETE", SVS).len(), 1);
     let posts = rig.calls("POST", SVS);
     assert_eq!(posts.len(), 1, "the object was not created again");
@@ -713,7 +728,7 @@ async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
     );
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(rig.calls("POST", SVS).len(), 1);
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// The watch delivers the lease back before the write: the write is not sent at all.
@@ -732,14 +747,14 @@ async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {
     let script = Script::new().on(get_lease(GONE), created_after_the_get);
     let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
     *store.lock().unwrap() = Some(rig.leases.clone());
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        !r.calls("GET", LEASES).is_empty()
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            !r.calls("GET", LEASES).is_empty()
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert!(rig.calls("PUT", SVS).is_empty() && rig.calls("DELETE", SVS).is_empty());
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Defect 2 of the interleavings issue: the deletion grace restarts when the lease comes back.
@@ -752,7 +767,7 @@ async fn the_grace_restarts_when_a_lease_comes_back() {
     let store = rig.leases.clone();
     store.apply(watcher::Event::Apply(lease(GONE)));
     let t0 = Instant::now();
-    let (token, task) = rig.start();
+    let term = rig.start();
     tokio::time::sleep(Duration::from_secs(1)).await;
     store.apply(watcher::Event::Delete(lease(GONE)));
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -771,7 +786,7 @@ async fn the_grace_restarts_when_a_lease_comes_back() {
         "looked up {:?} after the second deletion, before the grace ({GRACE:?})",
         first_get - second
     );
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// A lookup that fails removes nothing, and is retried with backoff.
@@ -779,18 +794,18 @@ async fn the_grace_restarts_when_a_lease_comes_back() {
 async fn lookup_errors_remove_nothing() {
     let script = Script::new().on(get_lease(GONE), status(500, "InternalError"));
     let rig = rig(gone_only(), script);
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("GET", LEASES).len() >= 4
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("GET", LEASES).len() >= 4
+        })
+        .await;
     assert!(rig.calls("DELETE", SVS).is_empty() && rig.calls("PUT", SVS).is_empty());
     let gets = rig.calls("GET", LEASES);
     assert!(
         gets[1].at > gets[0].at && gets[3].at - gets[2].at >= gets[1].at - gets[0].at,
         "backoff: {gets:#?}"
     );
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Hand-over: a term that ends stops at once (nothing looked up or written after), and the next
@@ -798,9 +813,9 @@ async fn lookup_errors_remove_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_new_term_counts_the_grace_from_its_start() {
     let rig = rig(gone_only(), gone_and_deleted());
-    let (token, task) = rig.start();
+    let term = rig.start();
     tokio::time::sleep(GRACE - Duration::from_secs(5)).await;
-    stop(token, task).await;
+    term.stop().await;
     tokio::time::sleep(GRACE).await;
     assert!(
         rig.calls("GET", LEASES).is_empty(),
@@ -808,11 +823,11 @@ async fn a_new_term_counts_the_grace_from_its_start() {
     );
 
     let second = Instant::now();
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("DELETE", SVS).len() == 1
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("DELETE", SVS).len() == 1
+        })
+        .await;
     assert!(
         second.elapsed() >= GRACE,
         "the new term did not wait its own grace"
@@ -823,5 +838,5 @@ async fn a_new_term_counts_the_grace_from_its_start() {
         delete.body["preconditions"]["uid"],
         "uid-a.example.com.widgets"
     );
-    stop(token, task).await;
+    term.stop().await;
 }
