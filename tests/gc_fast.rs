@@ -392,6 +392,11 @@ impl Rig {
             .collect()
     }
 
+    /// The status writes (PUT of `/status`) the mock saw.
+    fn puts(&self) -> Vec<Call> {
+        self.calls("PUT", "/status")
+    }
+
     fn metric(&self, name: &str) -> String {
         let text = storageversion_webhook::metrics::encode(&self.registry);
         text.lines()
@@ -473,10 +478,8 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         rig.metric("stale_entries")
     );
 
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == N
-    })
-    .await;
+    rig.run_until(Duration::from_secs(120), |r| r.puts().len() == N)
+        .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let gets = rig.calls("GET", LEASES);
     assert_eq!(
@@ -489,7 +492,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         "GET at {:?}, before the grace",
         gets[0].at
     );
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(puts.len(), N, "one write per object");
     assert!(
         puts.iter().all(|p| p.at <= gets[1].at),
@@ -562,11 +565,9 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
     let term = rig
-        .start_until(Duration::from_secs(120), |r| {
-            r.calls("PUT", "/status").len() == 2
-        })
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
         .await;
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
     assert_eq!(
         puts[1].body["status"]["storageVersions"],
@@ -608,7 +609,7 @@ async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation()
         })
         .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(
         puts.len(),
         1,
@@ -643,12 +644,10 @@ async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
         .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE, GONE])));
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
     let term = rig
-        .start_until(Duration::from_secs(120), |r| {
-            !r.calls("PUT", "/status").is_empty()
-        })
+        .start_until(Duration::from_secs(120), |r| !r.puts().is_empty())
         .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert!(
         puts.iter()
             .all(|p| p.body["metadata"]["resourceVersion"] == "10"),
@@ -672,11 +671,9 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
     let term = rig
-        .start_until(Duration::from_secs(120), |r| {
-            r.calls("PUT", "/status").len() == 2
-        })
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
         .await;
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(
         puts[0].body["status"]["storageVersions"],
         json!([entry(LIVE)])
@@ -689,7 +686,7 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     );
     assert_eq!(puts[1].body["status"]["futureField"], json!({"kept": true}));
     tokio::time::sleep(Duration::from_secs(120)).await;
-    assert_eq!(rig.calls("PUT", "/status").len(), 2);
+    assert_eq!(rig.puts().len(), 2);
     term.stop().await;
 }
 
@@ -711,15 +708,13 @@ async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[GONE])], script);
     let term = rig
-        .start_until(Duration::from_secs(120), |r| {
-            r.calls("PUT", "/status").len() == 1
-        })
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 1)
         .await;
     assert_eq!(rig.calls("DELETE", SVS).len(), 1);
     let posts = rig.calls("POST", SVS);
     assert_eq!(posts.len(), 1, "the object was not created again");
     assert_eq!(posts[0].body["metadata"]["name"], name);
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(puts[0].body["metadata"]["resourceVersion"], "12");
     assert_eq!(
         puts[0].body["status"]["storageVersions"],
