@@ -40,6 +40,7 @@ impl Call {
 }
 
 /// How the mock answers.
+#[derive(Clone)]
 enum Reply {
     Json(u16, Value),
     /// Never answer (a watch that stays open).
@@ -51,6 +52,134 @@ enum Reply {
         after: Duration,
         reply: Box<Reply>,
     },
+}
+
+/// Which requests a rule of a [`Script`] answers.
+#[derive(Clone)]
+struct Req(Arc<dyn Fn(&Call) -> bool + Send + Sync>);
+
+impl Req {
+    fn new(matches: impl Fn(&Call) -> bool + Send + Sync + 'static) -> Req {
+        Req(Arc::new(matches))
+    }
+
+    fn matches(&self, call: &Call) -> bool {
+        (self.0)(call)
+    }
+
+    /// Only those whose body names resourceVersion `rv` (a write of that copy).
+    fn at_rv(self, rv: &'static str) -> Req {
+        Req::new(move |c| self.matches(c) && c.body["metadata"]["resourceVersion"] == rv)
+    }
+}
+
+fn method(m: &'static str) -> Req {
+    Req::new(move |c| c.method == m)
+}
+
+fn put() -> Req {
+    method("PUT")
+}
+
+/// A write of an object's status.
+fn put_status() -> Req {
+    Req::new(|c| c.method == "PUT" && c.path.ends_with("/status"))
+}
+
+fn post() -> Req {
+    method("POST")
+}
+
+fn delete() -> Req {
+    method("DELETE")
+}
+
+/// The GET of the StorageVersion `name` (a read of one object).
+fn get(name: &'static str) -> Req {
+    Req::new(move |c| c.method == "GET" && c.path.ends_with(name))
+}
+
+/// The GET of the lease `id`.
+fn get_lease(id: &'static str) -> Req {
+    Req::new(move |c| c.method == "GET" && lease_get(&c.path) == Some(id))
+}
+
+/// What a rule of a [`Script`] answers: a reply, or one made from the request when it comes.
+enum Answer {
+    Fixed(Reply),
+    From(Box<dyn FnMut(&Call) -> Reply + Send>),
+}
+
+impl Answer {
+    fn with(make: impl FnMut(&Call) -> Reply + Send + 'static) -> Answer {
+        Answer::From(Box::new(make))
+    }
+
+    fn reply(&mut self, call: &Call) -> Reply {
+        match self {
+            Answer::Fixed(reply) => reply.clone(),
+            Answer::From(make) => make(call),
+        }
+    }
+}
+
+impl From<Reply> for Answer {
+    fn from(reply: Reply) -> Answer {
+        Answer::Fixed(reply)
+    }
+}
+
+struct Rule {
+    req: Req,
+    /// The rule is over once a request like this has come.
+    until: Option<Req>,
+    answer: Answer,
+}
+
+/// The mock's answers to what [`serve`] leaves to the test: rules tried in order, the first
+/// that matches answers, and a request no rule matches gets a 500 "unexpected".
+#[derive(Default)]
+struct Script {
+    rules: Vec<Rule>,
+}
+
+impl Script {
+    fn new() -> Script {
+        Script::default()
+    }
+
+    /// Answers every request `req` matches.
+    fn on(self, req: Req, answer: impl Into<Answer>) -> Script {
+        self.rule(req, None, answer.into())
+    }
+
+    /// Answers the first request `req` matches (none like it came before).
+    fn first(self, req: Req, answer: impl Into<Answer>) -> Script {
+        self.rule(req.clone(), Some(req), answer.into())
+    }
+
+    /// Answers the requests `req` matches until one that `seen` matches has come.
+    fn until(self, req: Req, seen: Req, answer: impl Into<Answer>) -> Script {
+        self.rule(req, Some(seen), answer.into())
+    }
+
+    fn rule(mut self, req: Req, until: Option<Req>, answer: Answer) -> Script {
+        self.rules.push(Rule { req, until, answer });
+        self
+    }
+
+    fn reply(&mut self, call: &Call, earlier: &[Call]) -> Reply {
+        let rule = self.rules.iter_mut().find(|r| {
+            r.req.matches(call)
+                && r.until
+                    .as_ref()
+                    .is_none_or(|seen| !earlier.iter().any(|c| seen.matches(c)))
+        });
+        match rule {
+            Some(rule) => rule.answer.reply(call),
+            None => status(500, "unexpected"),
+        }
+    }
 }
 
 fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, v: &Value) {
@@ -105,13 +234,32 @@ fn status(code: u16, reason: &str) -> Reply {
     )
 }
 
+/// The lease `id`, found (made when the GET comes).
+fn found(id: &'static str) -> Answer {
+    Answer::with(move |_| Reply::Json(200, serde_json::to_value(lease(id)).unwrap()))
+}
+
+/// The written object as it was sent.
+fn echo() -> Answer {
+    Answer::with(|call| Reply::Json(200, call.body.clone()))
+}
+
+/// The written object, stored at resourceVersion `rv`.
+fn stored(code: u16, rv: &'static str) -> Answer {
+    Answer::with(move |call| {
+        let mut body = call.body.clone();
+        body["metadata"]["resourceVersion"] = json!(rv);
+        Reply::Json(code, body)
+    })
+}
+
 /// Answers the collector's requests: the StorageVersion list from `objects`, watches held open,
 /// Events accepted, and everything else by `script`.
 async fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     log: Log,
     objects: Vec<Value>,
-    mut script: impl FnMut(&Call, &[Call]) -> Reply + Send,
+    mut script: Script,
 ) {
     let start = Instant::now();
     let mut held = Vec::new();
@@ -143,7 +291,7 @@ async fn serve(
         } else if call.method == "POST" && call.path.contains("/events") {
             Reply::Json(201, call.body.clone())
         } else {
-            script(&call, &earlier)
+            script.reply(&call, &earlier)
         };
         match reply {
             Reply::Hold if sv_watch => sv_watches.push(send),
@@ -177,7 +325,7 @@ struct Rig {
     log: Log,
 }
 
-fn rig(objects: Vec<Value>, script: impl FnMut(&Call, &[Call]) -> Reply + Send + 'static) -> Rig {
+fn rig(objects: Vec<Value>, script: Script) -> Rig {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let log: Log = Arc::default();
@@ -204,11 +352,32 @@ fn rig(objects: Vec<Value>, script: impl FnMut(&Call, &[Call]) -> Reply + Send +
     }
 }
 
+/// A term of the collector's on the rig, started by [`Rig::start`].
+struct Term {
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Term {
+    /// Ends the term and waits for the collector to return.
+    async fn stop(self) {
+        self.token.cancel();
+        self.task.await.expect("the collector's task");
+    }
+}
+
 impl Rig {
-    fn start(&self) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    fn start(&self) -> Term {
         let token = CancellationToken::new();
         let task = tokio::spawn(Arc::clone(&self.collector).lead(token.clone()));
-        (token, task)
+        Term { token, task }
+    }
+
+    /// Starts a term and lets (paused) time run until `done` holds, at most `limit` of it.
+    async fn start_until(&self, limit: Duration, done: impl FnMut(&Rig) -> bool) -> Term {
+        let term = self.start();
+        self.run_until(limit, done).await;
+        term
     }
 
     fn calls(&self, method: &str, path_has: &str) -> Vec<Call> {
@@ -221,6 +390,11 @@ impl Rig {
             })
             .cloned()
             .collect()
+    }
+
+    /// The status writes (PUT of `/status`) the mock saw.
+    fn puts(&self) -> Vec<Call> {
+        self.calls("PUT", "/status")
     }
 
     fn metric(&self, name: &str) -> String {
@@ -245,24 +419,29 @@ impl Rig {
     }
 }
 
-/// Ends the term started by [`Rig::start`] and waits for the collector to return.
-async fn stop(token: CancellationToken, task: tokio::task::JoinHandle<()>) {
-    token.cancel();
-    task.await.expect("the collector's task");
-}
-
 fn lease_get(path: &str) -> Option<&str> {
     path.strip_prefix(LEASES)?.strip_prefix('/')
-}
-
-/// Whether `call` is the GET of the lease `id`.
-fn gets_lease(call: &Call, id: &str) -> bool {
-    call.method == "GET" && lease_get(&call.path) == Some(id)
 }
 
 /// One StorageVersion, with only the entry of the gone apiserver.
 fn gone_only() -> Vec<Value> {
     vec![sv("a.example.com.widgets", "10", &[GONE])]
+}
+
+/// The lease `id` is not found at the first GET and found at every GET after (its apiserver
+/// came back).
+fn gone_then_back(id: &'static str) -> Script {
+    Script::new()
+        .first(get_lease(id), not_found())
+        .on(get_lease(id), found(id))
+}
+
+/// The gone apiserver's lease is not found, and a DELETE goes through.
+fn gone_and_deleted() -> Script {
+    let deleted = json!({"kind": "Status", "apiVersion": "v1", "status": "Success"});
+    Script::new()
+        .on(get_lease(GONE), not_found())
+        .on(delete(), Reply::Json(200, deleted))
 }
 
 /// The grace, then one GET per gone lease, one write per object, and one more GET per lease
@@ -282,18 +461,11 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
             )
         })
         .collect();
-    let rig = rig(objects, |call, _| {
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "PUT" && call.path.ends_with("/status") {
-            let mut body = call.body.clone();
-            body["metadata"]["resourceVersion"] = json!("99");
-            Reply::Json(200, body)
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
+    let script = Script::new()
+        .on(get_lease(GONE), not_found())
+        .on(put_status(), stored(200, "99"));
+    let rig = rig(objects, script);
+    let term = rig.start();
 
     tokio::time::sleep(GRACE / 3).await;
     assert!(
@@ -306,10 +478,8 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         rig.metric("stale_entries")
     );
 
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == N
-    })
-    .await;
+    rig.run_until(Duration::from_secs(120), |r| r.puts().len() == N)
+        .await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let gets = rig.calls("GET", LEASES);
     assert_eq!(
@@ -322,7 +492,7 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         "GET at {:?}, before the grace",
         gets[0].at
     );
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(puts.len(), N, "one write per object");
     assert!(
         puts.iter().all(|p| p.at <= gets[1].at),
@@ -356,32 +526,27 @@ async fn one_get_per_lease_then_one_write_per_object_after_the_grace() {
         events.iter().all(|&i| Some(i) > last_put),
         "an Event between the writes: {log:#?}"
     );
-    stop(token, task).await;
+    term.stop().await;
     assert!(rig.metric("stale_entries").ends_with(" 0"));
 }
 
 /// The lease is back at the GET right before the write: nothing is written.
 #[tokio::test(start_paused = true)]
 async fn a_lease_back_at_the_recheck_keeps_every_entry() {
+    let script = Script::new().on(get_lease(GONE), found(GONE));
     let rig = rig(
         vec![sv("a.example.com.widgets", "10", &[GONE, LIVE])],
-        |call, _| {
-            if gets_lease(call, GONE) {
-                Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-            } else {
-                status(500, "unexpected")
-            }
-        },
+        script,
     );
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(60), |r| {
-        !r.calls("GET", LEASES).is_empty()
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(60), |r| {
+            !r.calls("GET", LEASES).is_empty()
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(100)).await;
     assert!(rig.calls("PUT", SVS).is_empty() && rig.calls("DELETE", SVS).is_empty());
     assert!(rig.metric("lease_checks").contains("result=\"present\""));
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// A conflict from another writer: the object is read again, the lease it still names is
@@ -389,27 +554,20 @@ async fn a_lease_back_at_the_recheck_keeps_every_entry() {
 #[tokio::test(start_paused = true)]
 async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
-        let puts = earlier.iter().filter(|c| c.method == "PUT").count();
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "PUT" && puts == 0 {
-            status(409, "Conflict")
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            // Another apiserver added itself meanwhile.
-            Reply::Json(200, sv(name, "11", &[GONE, LIVE, "apiserver-new"]))
-        } else if call.method == "PUT" {
-            Reply::Json(200, call.body.clone())
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 2
-    })
-    .await;
-    let puts = rig.calls("PUT", "/status");
+    let script = Script::new()
+        .on(get_lease(GONE), not_found())
+        .first(put(), status(409, "Conflict"))
+        // Another apiserver added itself meanwhile.
+        .on(
+            get(name),
+            Reply::Json(200, sv(name, "11", &[GONE, LIVE, "apiserver-new"])),
+        )
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+        .await;
+    let puts = rig.puts();
     assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
     assert_eq!(
         puts[1].body["status"]["storageVersions"],
@@ -422,14 +580,14 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
         .position(|c| c.method == "GET" && c.path.ends_with(name))
         .expect("the re-read");
     let lease_gets: Vec<usize> = (0..log.len())
-        .filter(|&i| gets_lease(&log[i], GONE))
+        .filter(|&i| get_lease(GONE).matches(&log[i]))
         .collect();
     assert_eq!(lease_gets.len(), 3, "{log:#?}");
     assert!(
         lease_gets[1] > reread,
         "confirmed before the re-read: {log:#?}"
     );
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Defect 1 of the interleavings issue, through a conflict: the apiserver came back (re-created
@@ -441,34 +599,24 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
 #[tokio::test(start_paused = true)]
 async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            not_found()
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "PUT" && call.body["metadata"]["resourceVersion"] == "10" {
-            status(409, "Conflict")
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "11", &[GONE, LIVE]))
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("GET", LEASES).len() == 2
-    })
-    .await;
+    let script = gone_then_back(GONE)
+        .on(put().at_rv("10"), status(409, "Conflict"))
+        .on(get(name), Reply::Json(200, sv(name, "11", &[GONE, LIVE])));
+    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("GET", LEASES).len() == 2
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(
         puts.len(),
         1,
         "wrote the returned apiserver's entry away: {puts:#?}"
     );
     assert!(rig.calls("DELETE", SVS).is_empty());
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Defect 1 without a conflict: the watch delivers the object the returning apiserver wrote
@@ -480,43 +628,33 @@ async fn a_returning_apiserver_keeps_the_entry_it_wrote_after_the_confirmation()
 #[tokio::test(start_paused = true)]
 async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            // The lease is gone now; the apiserver comes back before the answer arrives.
-            let fresh = sv(name, "11", &[LIVE, GONE]);
-            Reply::Meanwhile {
-                event: json!({"type": "MODIFIED", "object": fresh}),
-                after: Duration::from_secs(1),
-                reply: Box::new(not_found()),
-            }
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "PUT" && call.body["metadata"]["resourceVersion"] == "10" {
-            status(409, "Conflict")
-        } else if call.method == "PUT" {
-            // Only a write of the fresh copy gets here: it would succeed.
-            Reply::Json(200, call.body.clone())
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "11", &[LIVE, GONE]))
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        !r.calls("PUT", "/status").is_empty()
-    })
-    .await;
+    // The lease is gone now; the apiserver comes back before the answer arrives.
+    let fresh = sv(name, "11", &[LIVE, GONE]);
+    let back_meanwhile = Reply::Meanwhile {
+        event: json!({"type": "MODIFIED", "object": fresh}),
+        after: Duration::from_secs(1),
+        reply: Box::new(not_found()),
+    };
+    let script = Script::new()
+        .first(get_lease(GONE), back_meanwhile)
+        .on(get_lease(GONE), found(GONE))
+        .on(put().at_rv("10"), status(409, "Conflict"))
+        // Only a write of the fresh copy gets here: it would succeed.
+        .on(put(), echo())
+        .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE, GONE])));
+    let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| !r.puts().is_empty())
+        .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert!(
         puts.iter()
             .all(|p| p.body["metadata"]["resourceVersion"] == "10"),
         "wrote the fresh copy without its entry: {puts:#?}"
     );
     assert_eq!(puts.len(), 1, "{puts:#?}");
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// The returning apiserver's write changed nothing: it came back after the confirming GET and
@@ -527,30 +665,15 @@ async fn a_fresh_copy_in_the_store_is_not_judged_by_an_older_confirmation() {
 #[tokio::test(start_paused = true)]
 async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            not_found()
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "PUT" && call.body["metadata"]["resourceVersion"] == "10" {
-            let mut body = call.body.clone();
-            body["metadata"]["resourceVersion"] = json!("11");
-            Reply::Json(200, body)
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "11", &[LIVE]))
-        } else if call.method == "PUT" {
-            Reply::Json(200, call.body.clone())
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 2
-    })
-    .await;
-    let puts = rig.calls("PUT", "/status");
+    let script = gone_then_back(GONE)
+        .on(put().at_rv("10"), stored(200, "11"))
+        .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+        .await;
+    let puts = rig.puts();
     assert_eq!(
         puts[0].body["status"]["storageVersions"],
         json!([entry(LIVE)])
@@ -563,8 +686,8 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     );
     assert_eq!(puts[1].body["status"]["futureField"], json!({"kept": true}));
     tokio::time::sleep(Duration::from_secs(120)).await;
-    assert_eq!(rig.calls("PUT", "/status").len(), 2);
-    stop(token, task).await;
+    assert_eq!(rig.puts().len(), 2);
+    term.stop().await;
 }
 
 /// Issue 30 (simulation seeds 80 and 133): the object's last entry is the returning apiserver's.
@@ -573,39 +696,25 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
 #[tokio::test(start_paused = true)]
 async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
     let name = "a.example.com.widgets";
-    let rig = rig(vec![sv(name, "10", &[GONE])], move |call, earlier| {
-        let lease_gets = earlier.iter().filter(|c| gets_lease(c, GONE)).count();
-        let created = earlier.iter().any(|c| c.method == "POST");
-        if gets_lease(call, GONE) && lease_gets == 0 {
-            not_found()
-        } else if gets_lease(call, GONE) {
-            Reply::Json(200, serde_json::to_value(lease(GONE)).unwrap())
-        } else if call.method == "DELETE" {
-            Reply::Json(200, json!({"kind": "Status", "status": "Success"}))
-        } else if call.method == "GET" && call.path.ends_with(name) && !created {
-            not_found()
-        } else if call.method == "POST" {
-            let mut body = call.body.clone();
-            body["metadata"]["resourceVersion"] = json!("12");
-            Reply::Json(201, body)
-        } else if call.method == "GET" && call.path.ends_with(name) {
-            Reply::Json(200, sv(name, "12", &[]))
-        } else if call.method == "PUT" {
-            Reply::Json(200, call.body.clone())
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("PUT", "/status").len() == 1
-    })
-    .await;
+    let script = gone_then_back(GONE)
+        .on(
+            delete(),
+            Reply::Json(200, json!({"kind": "Status", "status": "Success"})),
+        )
+        // Gone until something was POSTed (an Event counts too).
+        .until(get(name), post(), not_found())
+        .on(post(), stored(201, "12"))
+        .on(get(name), Reply::Json(200, sv(name, "12", &[])))
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[GONE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 1)
+        .await;
     assert_eq!(rig.calls("DELETE", SVS).len(), 1);
     let posts = rig.calls("POST", SVS);
     assert_eq!(posts.len(), 1, "the object was not created again");
     assert_eq!(posts[0].body["metadata"]["name"], name);
-    let puts = rig.calls("PUT", "/status");
+    let puts = rig.puts();
     assert_eq!(puts[0].body["metadata"]["resourceVersion"], "12");
     assert_eq!(
         puts[0].body["status"]["storageVersions"],
@@ -614,7 +723,7 @@ async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
     );
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(rig.calls("POST", SVS).len(), 1);
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// The watch delivers the lease back before the write: the write is not sent at all.
@@ -623,26 +732,24 @@ async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {
     let name = "a.example.com.widgets";
     let store: Arc<Mutex<Option<LeaseStore>>> = Arc::default();
     let handle = Arc::clone(&store);
-    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], move |call, _| {
-        if gets_lease(call, GONE) {
-            // The lease is created right after this GET looked; the watch brings it.
-            if let Some(s) = handle.lock().unwrap().as_ref() {
-                s.apply(watcher::Event::Apply(lease(GONE)));
-            }
-            not_found()
-        } else {
-            status(500, "unexpected")
+    let created_after_the_get = Answer::with(move |_| {
+        // The lease is created right after this GET looked; the watch brings it.
+        if let Some(s) = handle.lock().unwrap().as_ref() {
+            s.apply(watcher::Event::Apply(lease(GONE)));
         }
+        not_found()
     });
+    let script = Script::new().on(get_lease(GONE), created_after_the_get);
+    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
     *store.lock().unwrap() = Some(rig.leases.clone());
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        !r.calls("GET", LEASES).is_empty()
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            !r.calls("GET", LEASES).is_empty()
+        })
+        .await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert!(rig.calls("PUT", SVS).is_empty() && rig.calls("DELETE", SVS).is_empty());
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Defect 2 of the interleavings issue: the deletion grace restarts when the lease comes back.
@@ -651,22 +758,11 @@ async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {
 /// the entries at t0+30 s, after 2 s of absence.)
 #[tokio::test(start_paused = true)]
 async fn the_grace_restarts_when_a_lease_comes_back() {
-    let rig = rig(gone_only(), |call, _| {
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "DELETE" {
-            Reply::Json(
-                200,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-            )
-        } else {
-            status(500, "unexpected")
-        }
-    });
+    let rig = rig(gone_only(), gone_and_deleted());
     let store = rig.leases.clone();
     store.apply(watcher::Event::Apply(lease(GONE)));
     let t0 = Instant::now();
-    let (token, task) = rig.start();
+    let term = rig.start();
     tokio::time::sleep(Duration::from_secs(1)).await;
     store.apply(watcher::Event::Delete(lease(GONE)));
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -685,52 +781,36 @@ async fn the_grace_restarts_when_a_lease_comes_back() {
         "looked up {:?} after the second deletion, before the grace ({GRACE:?})",
         first_get - second
     );
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// A lookup that fails removes nothing, and is retried with backoff.
 #[tokio::test(start_paused = true)]
 async fn lookup_errors_remove_nothing() {
-    let rig = rig(gone_only(), |call, _| {
-        if gets_lease(call, GONE) {
-            status(500, "InternalError")
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("GET", LEASES).len() >= 4
-    })
-    .await;
+    let script = Script::new().on(get_lease(GONE), status(500, "InternalError"));
+    let rig = rig(gone_only(), script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("GET", LEASES).len() >= 4
+        })
+        .await;
     assert!(rig.calls("DELETE", SVS).is_empty() && rig.calls("PUT", SVS).is_empty());
     let gets = rig.calls("GET", LEASES);
     assert!(
         gets[1].at > gets[0].at && gets[3].at - gets[2].at >= gets[1].at - gets[0].at,
         "backoff: {gets:#?}"
     );
-    stop(token, task).await;
+    term.stop().await;
 }
 
 /// Hand-over: a term that ends stops at once (nothing looked up or written after), and the next
 /// term counts its grace from its own start.
 #[tokio::test(start_paused = true)]
 async fn a_new_term_counts_the_grace_from_its_start() {
-    let rig = rig(gone_only(), |call, _| {
-        if gets_lease(call, GONE) {
-            not_found()
-        } else if call.method == "DELETE" {
-            Reply::Json(
-                200,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
-            )
-        } else {
-            status(500, "unexpected")
-        }
-    });
-    let (token, task) = rig.start();
+    let rig = rig(gone_only(), gone_and_deleted());
+    let term = rig.start();
     tokio::time::sleep(GRACE - Duration::from_secs(5)).await;
-    stop(token, task).await;
+    term.stop().await;
     tokio::time::sleep(GRACE).await;
     assert!(
         rig.calls("GET", LEASES).is_empty(),
@@ -738,11 +818,11 @@ async fn a_new_term_counts_the_grace_from_its_start() {
     );
 
     let second = Instant::now();
-    let (token, task) = rig.start();
-    rig.run_until(Duration::from_secs(120), |r| {
-        r.calls("DELETE", SVS).len() == 1
-    })
-    .await;
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.calls("DELETE", SVS).len() == 1
+        })
+        .await;
     assert!(
         second.elapsed() >= GRACE,
         "the new term did not wait its own grace"
@@ -753,5 +833,5 @@ async fn a_new_term_counts_the_grace_from_its_start() {
         delete.body["preconditions"]["uid"],
         "uid-a.example.com.widgets"
     );
-    stop(token, task).await;
+    term.stop().await;
 }
