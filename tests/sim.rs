@@ -257,3 +257,12 @@ fn an_object_deleted_under_a_returning_apiserver_comes_back() {
     regression(80, |_| {}, "I1");
     regression(133, |_| {}, "I1");
 }
+
+/// Issue 30, seed 455 (found by the 2,000-seed run): an acquire of the free leader Lease, held
+/// 15 s in flight, was applied over another replica's fresh claim; that replica's trigger then
+/// wrote its state while the Lease named the first. Every patch of the election now carries the
+/// resourceVersion of the copy it was decided on (`gc::release_guard`).
+#[test]
+fn a_late_claim_does_not_overwrite_a_fresh_one() {
+    regression(455, |_| {}, "I3");
+}

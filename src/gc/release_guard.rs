@@ -7,7 +7,10 @@
 //! and an Event applied while the Lease named no one).
 //!
 //! This layer sits under the election's client only. It keeps the last copy of the leader Lease
-//! the election read or wrote, and a patch that clears the holder goes through only when that
+//! the election read or wrote and sends every patch (claim, renewal, release) with that copy's
+//! resourceVersion: a write decided on an old copy, or held up in flight while another replica
+//! claimed the Lease, fails with 409 instead of overwriting. A patch that clears the holder goes
+//! through only when that
 //! copy (read just before: the crate re-reads the Lease before it releases) names this replica,
 //! no one, or a claim that has run out; it is then sent with that copy's resourceVersion, so a
 //! renewal in between makes it fail with 409 instead of clearing a live claim. Otherwise the
@@ -101,26 +104,30 @@ enum Verdict {
     Refuse(&'static str),
 }
 
-/// What to do with a patch of the leader Lease: anything but a release goes as it is; a release
-/// goes only on a copy that allows it, with that copy's resourceVersion as its precondition.
+/// What to do with a patch of the leader Lease: every patch is sent with the resourceVersion of
+/// the copy it was decided on (a claim or a renewal that was held up in flight fails with 409
+/// instead of overwriting a claim made since: simulation seed 455, an acquire applied 15 s late
+/// over another replica's fresh claim); a release goes only on a copy that allows it.
 fn guard(body: &[u8], seen: &Seen, identity: &str, now: Timestamp) -> Verdict {
     let Ok(mut patch) = serde_json::from_slice::<serde_json::Value>(body) else {
         return Verdict::Send(body.to_vec());
     };
-    let releases = patch
-        .pointer("/spec")
-        .and_then(|s| s.as_object())
-        .is_some_and(|s| s.get("holderIdentity").is_some_and(|h| h.is_null()));
-    if !releases {
+    let Some(spec) = patch.pointer("/spec").and_then(|s| s.as_object()) else {
         return Verdict::Send(body.to_vec());
-    }
-    let theirs = seen.holder.as_deref().is_some_and(|h| h != identity);
-    let live = seen.expiry.is_some_and(|e| e > now);
-    if theirs && live {
-        return Verdict::Refuse("the Lease is held by another replica whose claim is live");
+    };
+    let releases = spec.get("holderIdentity").is_some_and(|h| h.is_null());
+    if releases {
+        let theirs = seen.holder.as_deref().is_some_and(|h| h != identity);
+        let live = seen.expiry.is_some_and(|e| e > now);
+        if theirs && live {
+            return Verdict::Refuse("the Lease is held by another replica whose claim is live");
+        }
     }
     let Some(rv) = seen.resource_version.clone() else {
-        return Verdict::Refuse("the Lease has not been read");
+        if releases {
+            return Verdict::Refuse("the Lease has not been read");
+        }
+        return Verdict::Send(body.to_vec());
     };
     if let Some(obj) = patch.as_object_mut() {
         let meta = obj
@@ -132,7 +139,7 @@ fn guard(body: &[u8], seen: &Seen, identity: &str, now: Timestamp) -> Verdict {
     }
     match serde_json::to_vec(&patch) {
         Ok(bytes) => Verdict::Send(bytes),
-        Err(_) => Verdict::Refuse("the release patch could not be written"),
+        Err(_) => Verdict::Refuse("the patch could not be written"),
     }
 }
 
@@ -205,10 +212,23 @@ mod tests {
     }
 
     #[test]
-    fn renewals_and_claims_pass_untouched() {
+    fn renewals_and_claims_carry_the_copy_they_were_decided_on() {
         let s = seen(Some("svw-0"), "2026-01-01T00:00:25Z");
+        let Verdict::Send(body) = guard(RENEW.as_bytes(), &s, "svw-1", at("2026-01-01T00:00:20Z"))
+        else {
+            panic!("a renewal was refused");
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        assert_eq!(v.pointer("/metadata/resourceVersion"), Some(&"7".into()));
+        assert_eq!(v.pointer("/spec/leaseDurationSeconds"), Some(&15.into()));
+        // Before any read, and for what is not a Lease patch, nothing is added.
         assert_eq!(
-            guard(RENEW.as_bytes(), &s, "svw-1", at("2026-01-01T00:00:20Z")),
+            guard(
+                RENEW.as_bytes(),
+                &Seen::default(),
+                "svw-1",
+                Timestamp::now()
+            ),
             Verdict::Send(RENEW.as_bytes().to_vec())
         );
         assert_eq!(
