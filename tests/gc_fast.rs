@@ -12,7 +12,7 @@ use kube::client::Body;
 use kube::runtime::watcher;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
-use storageversion_webhook::gc::{Collector, CollectorConfig, GcMetrics};
+use storageversion_webhook::gc::{Collector, CollectorConfig, GcMetrics, JournalConfig};
 use storageversion_webhook::leases::LeaseStore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +22,8 @@ const LIVE: &str = "apiserver-live";
 const GONE: &str = "apiserver-gone";
 const SVS: &str = "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
+/// The collector's journal (`CollectorConfig::journal`), kept by the mock.
+const JOURNAL: &str = "/api/v1/namespaces/svw/configmaps/svw-gc-journal";
 
 /// One request as the mock API server saw it.
 #[derive(Clone, Debug)]
@@ -168,13 +170,24 @@ impl Script {
         self
     }
 
+    fn live(rule: &Rule, call: &Call, earlier: &[Call]) -> bool {
+        rule.req.matches(call)
+            && rule
+                .until
+                .as_ref()
+                .is_none_or(|seen| !earlier.iter().any(|c| seen.matches(c)))
+    }
+
+    /// Whether a rule answers `call` (the mock answers the journal itself otherwise).
+    fn answers(&self, call: &Call, earlier: &[Call]) -> bool {
+        self.rules.iter().any(|r| Script::live(r, call, earlier))
+    }
+
     fn reply(&mut self, call: &Call, earlier: &[Call]) -> Reply {
-        let rule = self.rules.iter_mut().find(|r| {
-            r.req.matches(call)
-                && r.until
-                    .as_ref()
-                    .is_none_or(|seen| !earlier.iter().any(|c| seen.matches(c)))
-        });
+        let rule = self
+            .rules
+            .iter_mut()
+            .find(|r| Script::live(r, call, earlier));
         match rule {
             Some(rule) => rule.answer.reply(call),
             None => status(500, "unexpected"),
@@ -193,6 +206,8 @@ fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, v: &
 }
 
 type Log = Arc<Mutex<Vec<Call>>>;
+/// The journal ConfigMap's `removals` as the mock holds it (`None`: no ConfigMap).
+type Journal = Arc<Mutex<Option<String>>>;
 
 fn entry(id: &str) -> Value {
     json!({"apiServerID": id, "encodingVersion": "v1", "decodableVersions": ["v1"]})
@@ -258,6 +273,7 @@ fn stored(code: u16, rv: &'static str) -> Answer {
 async fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     log: Log,
+    journal: Journal,
     objects: Vec<Value>,
     mut script: Script,
 ) {
@@ -290,6 +306,20 @@ async fn serve(
             )
         } else if call.method == "POST" && call.path.contains("/events") {
             Reply::Json(201, call.body.clone())
+        } else if call.path == JOURNAL && !script.answers(&call, &earlier) {
+            let mut held = journal.lock().unwrap();
+            if call.method == "PATCH" {
+                *held = call.body["data"]["removals"].as_str().map(str::to_string);
+            }
+            match held.as_ref() {
+                Some(text) => Reply::Json(
+                    200,
+                    json!({"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "svw-gc-journal", "namespace": "svw"},
+                           "data": {"removals": text}}),
+                ),
+                None => not_found(),
+            }
         } else {
             script.reply(&call, &earlier)
         };
@@ -323,13 +353,26 @@ struct Rig {
     leases: LeaseStore,
     registry: Registry,
     log: Log,
+    journal: Journal,
 }
 
 fn rig(objects: Vec<Value>, script: Script) -> Rig {
+    rig_with_journal(objects, script, None)
+}
+
+/// A rig whose journal ConfigMap already holds `journal` (an earlier term's record).
+fn rig_with_journal(objects: Vec<Value>, script: Script, journal: Option<Value>) -> Rig {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let log: Log = Arc::default();
-    tokio::spawn(serve(handle, Arc::clone(&log), objects, script));
+    let journal: Journal = Arc::new(Mutex::new(journal.map(|j| j.to_string())));
+    tokio::spawn(serve(
+        handle,
+        Arc::clone(&log),
+        Arc::clone(&journal),
+        objects,
+        script,
+    ));
     let leases = LeaseStore::detached(client.clone());
     leases.apply(watcher::Event::Init);
     leases.apply(watcher::Event::InitApply(lease(LIVE)));
@@ -342,6 +385,10 @@ fn rig(objects: Vec<Value>, script: Script) -> Rig {
         concurrency: 4,
         expired_grace: None,
         dry_run: false,
+        journal: Some(JournalConfig {
+            namespace: "svw".to_string(),
+            name: "svw-gc-journal".to_string(),
+        }),
     };
     let collector = Arc::new(Collector::new(client, leases.clone(), cfg, metrics, "test"));
     Rig {
@@ -349,6 +396,7 @@ fn rig(objects: Vec<Value>, script: Script) -> Rig {
         leases,
         registry,
         log,
+        journal,
     }
 }
 
@@ -832,6 +880,130 @@ async fn a_new_term_counts_the_grace_from_its_start() {
     assert_eq!(
         delete.body["preconditions"]["uid"],
         "uid-a.example.com.widgets"
+    );
+    term.stop().await;
+}
+
+/// The journal (I1 across terms): a batch's removals are written down before its first write,
+/// and cleared once its give-back check is done.
+#[tokio::test(start_paused = true)]
+async fn a_batch_writes_its_removals_down_before_its_first_write_and_clears_them_after() {
+    let names = ["a.example.com.widgets", "b.example.com.widgets"];
+    let objects = names.iter().map(|n| sv(n, "10", &[GONE, LIVE])).collect();
+    let script = Script::new()
+        .on(get_lease(GONE), not_found())
+        .on(put_status(), stored(200, "99"));
+    let rig = rig(objects, script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            r.puts().len() == 2 && r.calls("PATCH", JOURNAL).len() == 2
+        })
+        .await;
+    let patches = rig.calls("PATCH", JOURNAL);
+    let puts = rig.puts();
+    assert!(
+        puts.iter().all(|p| patches[0].at <= p.at) && puts.iter().all(|p| p.at <= patches[1].at),
+        "the record must come before every write and the clear after: {patches:#?} {puts:#?}"
+    );
+    let record: Value = serde_json::from_str(
+        patches[0].body["data"]["removals"]
+            .as_str()
+            .expect("a record"),
+    )
+    .expect("JSON");
+    let mut recorded: Vec<&str> = record
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| {
+            assert_eq!(r["entries"], json!([entry(GONE)]), "{record}");
+            r["storageVersion"].as_str().expect("a name")
+        })
+        .collect();
+    recorded.sort();
+    assert_eq!(recorded, names);
+    assert_eq!(patches[1].body["data"]["removals"], "[]");
+    assert_eq!(rig.journal.lock().unwrap().as_deref(), Some("[]"));
+    term.stop().await;
+}
+
+/// A term that ended between its writes and its give-back left its record; the next term reads
+/// it before its first pass and gives back the entry of the apiserver found back, then clears it.
+#[tokio::test(start_paused = true)]
+async fn a_new_term_gives_back_what_the_journal_of_an_earlier_term_names() {
+    let name = "a.example.com.widgets";
+    let record = json!([{"storageVersion": name, "entries": [entry(GONE)]}]);
+    let script = Script::new()
+        .on(get_lease(GONE), found(GONE))
+        .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
+        .on(put_status(), echo());
+    let rig = rig_with_journal(vec![sv(name, "11", &[LIVE])], script, Some(record));
+    let term = rig
+        .start_until(Duration::from_secs(60), |r| {
+            r.calls("PATCH", JOURNAL).len() == 1
+        })
+        .await;
+    let puts = rig.puts();
+    assert_eq!(puts.len(), 1, "the entry was not given back: {puts:#?}");
+    assert_eq!(
+        puts[0].body["status"]["storageVersions"],
+        json!([entry(LIVE), entry(GONE)])
+    );
+    assert_eq!(puts[0].body["metadata"]["resourceVersion"], "11");
+    assert!(rig.calls("PATCH", JOURNAL)[0].at >= puts[0].at);
+    assert_eq!(rig.journal.lock().unwrap().as_deref(), Some("[]"));
+    term.stop().await;
+}
+
+/// The record names an apiserver whose lease is still gone: nothing is written but the clear.
+#[tokio::test(start_paused = true)]
+async fn a_record_of_an_apiserver_still_gone_gives_nothing_back() {
+    let name = "a.example.com.widgets";
+    let record = json!([{"storageVersion": name, "entries": [entry(GONE)]}]);
+    let script = Script::new().on(get_lease(GONE), not_found());
+    let rig = rig_with_journal(vec![sv(name, "11", &[LIVE])], script, Some(record));
+    let term = rig
+        .start_until(Duration::from_secs(60), |r| {
+            r.calls("PATCH", JOURNAL).len() == 1
+        })
+        .await;
+    assert!(rig.puts().is_empty() && rig.calls("GET", &format!("{SVS}/")).is_empty());
+    assert_eq!(rig.journal.lock().unwrap().as_deref(), Some("[]"));
+    term.stop().await;
+}
+
+/// The journal cannot be read: nothing is collected (a pass would overwrite the record) until
+/// it can.
+#[tokio::test(start_paused = true)]
+async fn no_pass_runs_before_the_journal_is_read() {
+    let journal_get = Req::new(|c| c.method == "GET" && c.path == JOURNAL);
+    let script = Script::new()
+        .until(
+            journal_get,
+            Req::new(|c| c.at >= Duration::from_secs(60)),
+            status(500, "InternalError"),
+        )
+        .on(get_lease(GONE), not_found())
+        .on(
+            delete(),
+            Reply::Json(200, json!({"kind": "Status", "status": "Success"})),
+        );
+    let rig = rig(gone_only(), script);
+    let term = rig
+        .start_until(Duration::from_secs(180), |r| {
+            !r.calls("DELETE", SVS).is_empty()
+        })
+        .await;
+    let first_lease_get = rig.calls("GET", LEASES)[0].at;
+    assert!(
+        first_lease_get >= Duration::from_secs(60),
+        "a pass ran before the journal was read, at {first_lease_get:?}"
+    );
+    assert!(rig.calls("GET", JOURNAL).len() >= 2);
+    assert!(
+        rig.metric("errors_total").contains("journal"),
+        "{}",
+        rig.metric("errors")
     );
     term.stop().await;
 }

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 pub use args::GcArgs;
-pub use collector::{Collector, CollectorConfig, SvView};
+pub use collector::{Collector, CollectorConfig, JournalConfig, SvView};
 pub use leader::LeaderConfig;
 pub use metrics::GcMetrics;
 
@@ -116,6 +116,10 @@ fn spawn_inner(
         concurrency: usize::from(args.gc_concurrency),
         expired_grace: args.gc_expired_lease_grace,
         dry_run: args.gc_dry_run,
+        journal: Some(collector::JournalConfig {
+            namespace: leader.namespace.clone(),
+            name: collector::journal_name(&leader.lease_name),
+        }),
     };
     tracing::info!(
         identity = %identity,

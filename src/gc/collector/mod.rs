@@ -40,6 +40,7 @@
 mod confirm;
 mod give_back;
 mod inputs;
+mod journal;
 mod observe;
 mod record;
 mod write;
@@ -61,6 +62,7 @@ use super::stored::StoredSv;
 use crate::leases::LeaseStore;
 use observe::Suspect;
 
+pub use journal::{name_for as journal_name, JournalConfig};
 pub use record::describe;
 pub use write::delete_params;
 
@@ -72,6 +74,8 @@ pub struct CollectorConfig {
     pub concurrency: usize,
     pub expired_grace: Option<Duration>,
     pub dry_run: bool,
+    /// Where the batches' removals are written down before their writes (`journal.rs`).
+    pub journal: Option<JournalConfig>,
 }
 
 /// How long one API call may take before it counts as failed.
@@ -85,6 +89,7 @@ const MIN_PASS_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Long-lived pieces shared by every term.
 pub struct Collector {
+    client: kube::Client,
     svs: Api<StoredSv>,
     leases: LeaseStore,
     cfg: CollectorConfig,
@@ -121,7 +126,8 @@ impl Collector {
             },
         );
         Collector {
-            svs: Api::all(client),
+            svs: Api::all(client.clone()),
+            client,
             leases,
             cfg,
             metrics,
@@ -228,6 +234,9 @@ impl Term {
                 return;
             }
             Some(Ok(())) => {}
+        }
+        if self.recover().await.is_none() {
+            return;
         }
         loop {
             let sweep = self.sweep_due.swap(false, Ordering::AcqRel);

@@ -21,12 +21,55 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::Resource;
 use tokio::time::Instant;
 
+use super::journal::{self, Removed, MAX_RECORD_BYTES};
 use super::record::{describe, EventNote};
 use super::{backoff, is_status, lock, Term, MAX_CONFLICT_RETRIES};
 use crate::gc::metrics::{InFlight, ReasonLabels, ResultLabels};
 use crate::gc::plan::{self, Plan, Reason, Removal};
 use crate::gc::stored::StoredSv;
 use crate::model::{ServerStorageVersion, StorageVersion};
+
+/// Objects written together, and what the journal records of them.
+struct Batch {
+    targets: Vec<Arc<StoredSv>>,
+    removals: Vec<Removed>,
+}
+
+/// The targets cut into batches whose journal record stays within [`MAX_RECORD_BYTES`] (an
+/// object alone is a batch however large its record).
+fn batches(targets: Vec<Arc<StoredSv>>, confirmed: &BTreeMap<String, Reason>) -> Vec<Batch> {
+    let mut out: Vec<Batch> = Vec::new();
+    let mut bytes = 0;
+    for sv in targets {
+        let removal = Removed {
+            storage_version: sv.name().to_string(),
+            entries: sv
+                .status
+                .known
+                .storage_versions
+                .iter()
+                .filter(|e| confirmed.contains_key(&e.api_server_id))
+                .cloned()
+                .collect(),
+        };
+        let size = journal::encode(std::slice::from_ref(&removal)).len();
+        match out.last_mut() {
+            Some(b) if bytes + size <= MAX_RECORD_BYTES => {
+                bytes += size;
+                b.targets.push(sv);
+                b.removals.push(removal);
+            }
+            _ => {
+                bytes = size;
+                out.push(Batch {
+                    targets: vec![sv],
+                    removals: vec![removal],
+                });
+            }
+        }
+    }
+    out
+}
 
 /// How a write went, after [`Term::send`] mapped it.
 enum Sent {
@@ -55,20 +98,51 @@ impl Term {
     ) -> Option<()> {
         let targets = self.targets(confirmed, snapshot);
         let now = plan::format_time(Timestamp::now());
-        let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(targets)
-            .map(|sv| {
-                let now = now.as_str();
-                async move {
-                    let outcome = self.write_one(&sv, confirmed, now).await;
-                    outcome.map(|o| (sv, o))
-                }
+        let mut outcomes = Vec::with_capacity(targets.len());
+        for batch in batches(targets, confirmed) {
+            outcomes.extend(self.act_batch(batch, confirmed, &now).await?);
+        }
+        self.settle(confirmed, &outcomes);
+        // The record of the batch, after its writes: the Events do not hold up the collection,
+        // nor compete with its writes at the apiserver.
+        let notes = outcomes.into_iter().filter_map(|(_, o)| match o {
+            Outcome::Changed(note) => Some(*note),
+            _ => None,
+        });
+        futures::stream::iter(notes)
+            .for_each_concurrent(self.c.cfg.concurrency.max(1), |note| self.publish(note))
+            .await;
+        Some(())
+    }
+
+    /// One batch: its removals written to the journal, its writes, the give-back check, the
+    /// journal cleared (`journal.rs`, I1 across terms). A batch whose journal could not be
+    /// written writes nothing: its objects are retried later.
+    async fn act_batch(
+        self: &Arc<Self>,
+        batch: Batch,
+        confirmed: &BTreeMap<String, Reason>,
+        now: &str,
+    ) -> Option<Vec<(Arc<StoredSv>, Outcome)>> {
+        if !self.record(&batch.removals).await? {
+            return Some(
+                batch
+                    .targets
+                    .into_iter()
+                    .map(|sv| (sv, Outcome::Retry))
+                    .collect(),
+            );
+        }
+        let outcomes: Vec<(Arc<StoredSv>, Outcome)> = futures::stream::iter(batch.targets)
+            .map(|sv| async move {
+                let outcome = self.write_one(&sv, confirmed, now).await;
+                outcome.map(|o| (sv, o))
             })
             .buffer_unordered(self.c.cfg.concurrency.max(1))
             .collect::<Vec<_>>()
             .await
             .into_iter()
             .collect::<Option<_>>()?;
-        self.settle(confirmed, &outcomes);
         let removed: Vec<(&str, &[ServerStorageVersion])> = outcomes
             .iter()
             .filter_map(|(_, o)| match o {
@@ -81,16 +155,10 @@ impl Term {
         if !removed.is_empty() {
             self.give_back_if_returned(&removed).await?;
         }
-        // The record of the batch, after its writes: the Events do not hold up the collection,
-        // nor compete with its writes at the apiserver.
-        let notes = outcomes.into_iter().filter_map(|(_, o)| match o {
-            Outcome::Changed(note) => Some(*note),
-            _ => None,
-        });
-        futures::stream::iter(notes)
-            .for_each_concurrent(self.c.cfg.concurrency.max(1), |note| self.publish(note))
-            .await;
-        Some(())
+        // Cleared: a failure leaves the record to the next batch (which overwrites it, its
+        // give-back done) or the next term (which checks it again, at no harm).
+        self.record(&[]).await?;
+        Some(outcomes)
     }
 
     /// The stored objects naming a confirmed lease, but for those already acted on at their
