@@ -1,0 +1,279 @@
+//! `serve --crd-migrate` against a real control plane: a CRD whose objects are stored in
+//! v1beta1 has its storage version flipped to v1; the migrator (our own rewrite) writes every
+//! object again, so etcd holds each as v1 (read with etcdctl), and prunes storedVersions to
+//! `[v1]`, after which removing v1beta1 from spec.versions succeeds (it failed before).
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use storageversion_webhook::crd::types::Crd;
+use support::migrate::{stored_versions, NAMESPACE};
+use support::{metric_sum, poll_until, serial, Certs, ControlPlane, Webhook};
+
+const CRD: &str = "widgets.example.com";
+const GROUP: &str = "example.com";
+const PREFIX: &str = "/registry/example.com/widgets/";
+/// How many Widgets the test stores.
+const OBJECTS: usize = 500;
+const STATE_CONFIGMAP: &str = "storageversion-webhook-crd";
+
+fn version(name: &str, storage: bool) -> serde_json::Value {
+    serde_json::json!({
+        "name": name, "served": true, "storage": storage,
+        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+    })
+}
+
+fn crd(versions: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": versions,
+        },
+    })
+}
+
+fn widgets(cp: &ControlPlane, version: &str) -> Api<DynamicObject> {
+    let ar = kube::api::ApiResource {
+        group: GROUP.into(),
+        version: version.into(),
+        api_version: format!("{GROUP}/{version}"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    Api::namespaced_with(cp.client.clone(), "default", &ar)
+}
+
+async fn get_crd(cp: &ControlPlane) -> Crd {
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    api.get(CRD).await.expect("get the CRD")
+}
+
+async fn replace_versions(
+    cp: &ControlPlane,
+    versions: Vec<serde_json::Value>,
+) -> Result<Crd, kube::Error> {
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    let patch = serde_json::json!({"spec": {"versions": versions}});
+    api.patch(CRD, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// The apiVersion of every Widget in etcd, counted.
+fn stored_counts(cp: &ControlPlane) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for v in stored_versions(cp, PREFIX).values() {
+        *counts.entry(v.clone()).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_version_flip_is_finished_by_the_migrator() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    // Created whole (our Crd type drops the schemas on decoding).
+    let ar = kube::api::ApiResource {
+        group: "apiextensions.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.k8s.io/v1".into(),
+        kind: "CustomResourceDefinition".into(),
+        plural: "customresourcedefinitions".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(cp.client.clone(), &ar);
+    let created: DynamicObject =
+        serde_json::from_value(crd(vec![version("v1beta1", true), version("v1", false)]))
+            .expect("crd");
+    api.create(&PostParams::default(), &created)
+        .await
+        .expect("create the CRD");
+    poll_until(
+        Duration::from_secs(60),
+        "the CRD to be Established",
+        || async { get_crd(&cp).await.snapshot().established },
+    )
+    .await
+    .expect("established");
+    // The objects, stored as v1beta1 (8 creates at a time).
+    let w = widgets(&cp, "v1beta1");
+    let started = std::time::Instant::now();
+    futures::stream::iter(0..OBJECTS)
+        .map(|i| {
+            let w = w.clone();
+            async move {
+                let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "example.com/v1beta1", "kind": "Widget",
+                    "metadata": {"name": format!("w-{i:04}")},
+                    "spec": {"size": i},
+                }))
+                .expect("widget");
+                // Established can come a moment before the resource is served on every path.
+                for _ in 0..50 {
+                    match w.create(&PostParams::default(), &obj).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 404 => {
+                            tokio::task::yield_now().await;
+                        }
+                        Err(e) => panic!("create widget {i}: {e}"),
+                    }
+                }
+                panic!("widget {i}: the resource was never served");
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<()>>()
+        .await;
+    eprintln!("created {OBJECTS} widgets in {:?}", started.elapsed());
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1beta1".to_string(), OBJECTS)]
+            .into_iter()
+            .collect()
+    );
+
+    // Flip the storage version: storedVersions now lists both.
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    poll_until(
+        Duration::from_secs(30),
+        "storedVersions [v1beta1, v1]",
+        || async { get_crd(&cp).await.status.stored_versions == ["v1beta1", "v1"] },
+    )
+    .await
+    .expect("storedVersions after the flip");
+    // v1beta1 cannot be dropped yet: it is still in storedVersions.
+    let refused = replace_versions(&cp, vec![version("v1", true)]).await;
+    let text = match &refused {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        refused.is_err() && text.contains("storedVersions"),
+        "dropping v1beta1 before the migration: {text}"
+    );
+
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=2s",
+            "--crd-migrate-interval=300ms",
+            "--crd-migrate-method=rewrite",
+            "--crd-migrate-rate=1000",
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    let flipped = std::time::Instant::now();
+    poll_until(Duration::from_secs(180), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    eprintln!("pruned {:?} after the webhook started", flipped.elapsed());
+
+    // Every object was written again, in v1; the prune came after.
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), OBJECTS)]
+            .into_iter()
+            .collect()
+    );
+    let metrics = hook.metrics().await;
+    let m = |name: &str, labels: &[&str]| {
+        metric_sum(
+            &metrics,
+            &format!("storageversion_webhook_crd_migration_{name}"),
+            labels,
+        )
+    };
+    assert_eq!(
+        m("objects_total", &["result=\"rewritten\""]),
+        OBJECTS as f64,
+        "{metrics}"
+    );
+    assert_eq!(m("prunes_total", &["result=\"pruned\""]), 1.0);
+    assert_eq!(m("started_total", &["method=\"rewrite\""]), 1.0);
+    assert_eq!(
+        m(
+            "outcomes_total",
+            &["method=\"rewrite\"", "result=\"succeeded\""]
+        ),
+        1.0
+    );
+    // The record names the migration and its outcome.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cp.client.clone(), NAMESPACE);
+    let cm = cms.get(STATE_CONFIGMAP).await.expect("state ConfigMap");
+    let record = cm
+        .data
+        .unwrap_or_default()
+        .get(CRD)
+        .and_then(|v| storageversion_webhook::crd::state::parse(v))
+        .expect("a record of the CRD");
+    let migration = record.migration.expect("its migration");
+    assert_eq!(
+        (
+            migration.phase,
+            migration.storage.as_str(),
+            migration.sequence
+        ),
+        (
+            storageversion_webhook::crd::decide::Phase::Succeeded,
+            "v1",
+            1
+        )
+    );
+    assert!(
+        migration.name.starts_with("widgets.example.com-"),
+        "{}",
+        migration.name
+    );
+
+    // Now v1beta1 can go.
+    replace_versions(&cp, vec![version("v1", true)])
+        .await
+        .expect("drop v1beta1 after the migration");
+    // And nothing more happens: the CRD is up to date.
+    let passes = m("checks_total", &[]);
+    poll_until(Duration::from_secs(30), "two more passes", || async {
+        metric_sum(
+            &hook.metrics().await,
+            "storageversion_webhook_crd_migration_checks_total",
+            &[],
+        ) >= passes + 2.0
+    })
+    .await
+    .expect("passes");
+    let metrics = hook.metrics().await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "storageversion_webhook_crd_migration_started_total",
+            &[]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "storageversion_webhook_crd_migration_crds",
+            &["state=\"up_to_date\""]
+        ),
+        1.0
+    );
+}
