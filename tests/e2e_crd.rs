@@ -1,7 +1,9 @@
 //! `serve --crd-migrate` against a real control plane: a CRD whose objects are stored in
-//! v1beta1 has its storage version flipped to v1; the migrator (our own rewrite) writes every
-//! object again, so etcd holds each as v1 (read with etcdctl), and prunes storedVersions to
-//! `[v1]`, after which removing v1beta1 from spec.versions succeeds (it failed before).
+//! v1beta1 has its storage version flipped to v1; the migrator writes every object again, so
+//! etcd holds each as v1 (read with etcdctl), and storedVersions becomes `[v1]`, after which
+//! removing v1beta1 from spec.versions succeeds (it failed before). Twice: with our own rewrite
+//! (we prune), and with a StorageVersionMigration run by kube-controller-manager's migrator
+//! (it prunes; we only verify, and never write storedVersions).
 
 mod support;
 
@@ -9,7 +11,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use storageversion_webhook::crd::decide::{Method, Phase};
 use storageversion_webhook::crd::types::Crd;
+use storageversion_webhook::migrate::svm::{self, StorageVersionMigration};
+use support::gc::kcm_start;
 use support::migrate::{stored_versions, NAMESPACE};
 use support::{metric_sum, poll_until, serial, Certs, ControlPlane, Webhook};
 
@@ -19,6 +24,9 @@ const PREFIX: &str = "/registry/example.com/widgets/";
 /// How many Widgets the test stores.
 const OBJECTS: usize = 500;
 const STATE_CONFIGMAP: &str = "storageversion-webhook-crd";
+/// The migrator controller needs the garbage collector's dependency graph.
+const KCM_MIGRATOR: &str =
+    "--controllers=storage-version-migrator-controller,garbage-collector-controller";
 
 fn version(name: &str, storage: bool) -> serde_json::Value {
     serde_json::json!({
@@ -77,9 +85,25 @@ fn stored_counts(cp: &ControlPlane) -> std::collections::BTreeMap<String, usize>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_storage_version_flip_is_finished_by_the_migrator() {
+async fn a_storage_version_flip_is_finished_by_our_own_rewrite() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
+    flip_and_migrate(&cp, Method::Rewrite, OBJECTS).await;
+}
+
+/// Kubernetes 1.37 serves storagemigration.k8s.io/v1: `auto` creates a StorageVersionMigration,
+/// kube-controller-manager's storage-version-migrator rewrites the objects and prunes
+/// storedVersions itself (its `StorageMigrating` condition says so); we write no storedVersions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_version_flip_is_finished_by_kube_controller_managers_migrator() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    kcm_start(&cp, &[KCM_MIGRATOR]);
+    flip_and_migrate(&cp, Method::Svm, 50).await;
+}
+
+async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
+    let cp = cp;
     // Created whole (our Crd type drops the schemas on decoding).
     let ar = kube::api::ApiResource {
         group: "apiextensions.k8s.io".into(),
@@ -105,7 +129,7 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
     // The objects, stored as v1beta1 (8 creates at a time).
     let w = widgets(&cp, "v1beta1");
     let started = std::time::Instant::now();
-    futures::stream::iter(0..OBJECTS)
+    futures::stream::iter(0..objects)
         .map(|i| {
             let w = w.clone();
             async move {
@@ -131,10 +155,10 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
         .buffer_unordered(8)
         .collect::<Vec<()>>()
         .await;
-    eprintln!("created {OBJECTS} widgets in {:?}", started.elapsed());
+    eprintln!("created {objects} widgets in {:?}", started.elapsed());
     assert_eq!(
         stored_counts(&cp),
-        [("example.com/v1beta1".to_string(), OBJECTS)]
+        [("example.com/v1beta1".to_string(), objects)]
             .into_iter()
             .collect()
     );
@@ -169,7 +193,14 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
             "--crd-migrate",
             "--crd-migrate-settle=2s",
             "--crd-migrate-interval=300ms",
-            "--crd-migrate-method=rewrite",
+            &format!(
+                "--crd-migrate-method={}",
+                if method == Method::Rewrite {
+                    "rewrite"
+                } else {
+                    "auto"
+                }
+            ),
             "--crd-migrate-rate=1000",
             &format!("--gc-leader-lease-namespace={NAMESPACE}"),
             "--gc-leader-lease-name=svw-crd-test",
@@ -189,7 +220,7 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
     // Every object was written again, in v1; the prune came after.
     assert_eq!(
         stored_counts(&cp),
-        [("example.com/v1".to_string(), OBJECTS)]
+        [("example.com/v1".to_string(), objects)]
             .into_iter()
             .collect()
     );
@@ -201,42 +232,63 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
             labels,
         )
     };
+    let (rewritten, pruned) = match method {
+        Method::Rewrite => (objects as f64, 1.0),
+        // kube-controller-manager did both.
+        Method::Svm => (0.0, 0.0),
+    };
+    let label = format!("method=\"{}\"", method.as_str());
     assert_eq!(
         m("objects_total", &["result=\"rewritten\""]),
-        OBJECTS as f64,
+        rewritten,
         "{metrics}"
     );
-    assert_eq!(m("prunes_total", &["result=\"pruned\""]), 1.0);
-    assert_eq!(m("started_total", &["method=\"rewrite\""]), 1.0);
+    assert_eq!(m("prunes_total", &[]), pruned, "{metrics}");
+    assert_eq!(m("started_total", &[&label]), 1.0, "{metrics}");
+    if method == Method::Svm {
+        // Our migration, named as recorded, and succeeded.
+        let svms: Api<StorageVersionMigration> = Api::all(cp.client.clone());
+        let ours = svms
+            .list(&kube::api::ListParams::default().labels(&format!(
+                "{}={}",
+                svm::MANAGED_BY_LABEL,
+                storageversion_webhook::crd::migrator::MANAGED_BY_VALUE
+            )))
+            .await
+            .expect("list migrations")
+            .items;
+        assert_eq!(ours.len(), 1, "{ours:?}");
+        assert_eq!(ours[0].phase(), svm::Phase::Succeeded);
+        poll_until(
+            Duration::from_secs(30),
+            "our record of the SVM's success",
+            || async { record(cp).await.migration.map(|m| m.phase) == Some(Phase::Succeeded) },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+        assert_eq!(
+            record(cp).await.migration.map(|m| m.name),
+            ours[0].metadata.name.clone()
+        );
+    }
     assert_eq!(
-        m(
-            "outcomes_total",
-            &["method=\"rewrite\"", "result=\"succeeded\""]
+        metric_sum(
+            &hook.metrics().await,
+            "storageversion_webhook_crd_migration_outcomes_total",
+            &[&label, "result=\"succeeded\""]
         ),
         1.0
     );
     // The record names the migration and its outcome.
-    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(cp.client.clone(), NAMESPACE);
-    let cm = cms.get(STATE_CONFIGMAP).await.expect("state ConfigMap");
-    let record = cm
-        .data
-        .unwrap_or_default()
-        .get(CRD)
-        .and_then(|v| storageversion_webhook::crd::state::parse(v))
-        .expect("a record of the CRD");
-    let migration = record.migration.expect("its migration");
+    let migration = record(cp).await.migration.expect("its migration");
+    assert_eq!(migration.method, method);
     assert_eq!(
         (
             migration.phase,
             migration.storage.as_str(),
             migration.sequence
         ),
-        (
-            storageversion_webhook::crd::decide::Phase::Succeeded,
-            "v1",
-            1
-        )
+        (Phase::Succeeded, "v1", 1)
     );
     assert!(
         migration.name.starts_with("widgets.example.com-"),
@@ -249,7 +301,11 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
         .await
         .expect("drop v1beta1 after the migration");
     // And nothing more happens: the CRD is up to date.
-    let passes = m("checks_total", &[]);
+    let passes = metric_sum(
+        &hook.metrics().await,
+        "storageversion_webhook_crd_migration_checks_total",
+        &[],
+    );
     poll_until(Duration::from_secs(30), "two more passes", || async {
         metric_sum(
             &hook.metrics().await,
@@ -276,4 +332,16 @@ async fn a_storage_version_flip_is_finished_by_the_migrator() {
         ),
         1.0
     );
+}
+
+/// Our record of the CRD in the state ConfigMap.
+async fn record(cp: &ControlPlane) -> storageversion_webhook::crd::decide::Record {
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cp.client.clone(), NAMESPACE);
+    let cm = cms.get(STATE_CONFIGMAP).await.expect("state ConfigMap");
+    cm.data
+        .unwrap_or_default()
+        .get(CRD)
+        .and_then(|v| storageversion_webhook::crd::state::parse(v))
+        .expect("a record of the CRD")
 }
