@@ -103,7 +103,6 @@ async fn a_storage_version_flip_is_finished_by_kube_controller_managers_migrator
 }
 
 async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
-    let cp = cp;
     // Created whole (our Crd type drops the schemas on decoding).
     let ar = kube::api::ApiResource {
         group: "apiextensions.k8s.io".into(),
@@ -122,12 +121,12 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
     poll_until(
         Duration::from_secs(60),
         "the CRD to be Established",
-        || async { get_crd(&cp).await.snapshot().established },
+        || async { get_crd(cp).await.snapshot().established },
     )
     .await
     .expect("established");
     // The objects, stored as v1beta1 (8 creates at a time).
-    let w = widgets(&cp, "v1beta1");
+    let w = widgets(cp, "v1beta1");
     let started = std::time::Instant::now();
     futures::stream::iter(0..objects)
         .map(|i| {
@@ -157,25 +156,25 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
         .await;
     eprintln!("created {objects} widgets in {:?}", started.elapsed());
     assert_eq!(
-        stored_counts(&cp),
+        stored_counts(cp),
         [("example.com/v1beta1".to_string(), objects)]
             .into_iter()
             .collect()
     );
 
     // Flip the storage version: storedVersions now lists both.
-    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+    replace_versions(cp, vec![version("v1beta1", false), version("v1", true)])
         .await
         .expect("flip the storage version");
     poll_until(
         Duration::from_secs(30),
         "storedVersions [v1beta1, v1]",
-        || async { get_crd(&cp).await.status.stored_versions == ["v1beta1", "v1"] },
+        || async { get_crd(cp).await.status.stored_versions == ["v1beta1", "v1"] },
     )
     .await
     .expect("storedVersions after the flip");
     // v1beta1 cannot be dropped yet: it is still in storedVersions.
-    let refused = replace_versions(&cp, vec![version("v1", true)]).await;
+    let refused = replace_versions(cp, vec![version("v1", true)]).await;
     let text = match &refused {
         Ok(_) => String::new(),
         Err(e) => e.to_string(),
@@ -187,7 +186,7 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
 
     let certs = Certs::generate();
     let hook = Webhook::start(
-        &cp,
+        cp,
         &certs,
         &[
             "--crd-migrate",
@@ -211,7 +210,7 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
     .await;
     let flipped = std::time::Instant::now();
     poll_until(Duration::from_secs(180), "storedVersions [v1]", || async {
-        get_crd(&cp).await.status.stored_versions == ["v1"]
+        get_crd(cp).await.status.stored_versions == ["v1"]
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
@@ -219,7 +218,7 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
 
     // Every object was written again, in v1; the prune came after.
     assert_eq!(
-        stored_counts(&cp),
+        stored_counts(cp),
         [("example.com/v1".to_string(), objects)]
             .into_iter()
             .collect()
@@ -297,7 +296,7 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
     );
 
     // Now v1beta1 can go.
-    replace_versions(&cp, vec![version("v1", true)])
+    replace_versions(cp, vec![version("v1", true)])
         .await
         .expect("drop v1beta1 after the migration");
     // And nothing more happens: the CRD is up to date.
