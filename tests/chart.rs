@@ -629,6 +629,29 @@ fn default_render_is_hardened_and_least_privilege() {
             json!([{"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
                     "verbs": ["create", "patch"]}]),
         ),
+        // The CRD migrator (crdMigrate.enabled, on by default): docs/crd.md.
+        (
+            "ClusterRole",
+            "",
+            json!([
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["apiextensions.k8s.io"],
+                 "resources": ["customresourcedefinitions/status"], "verbs": ["patch"]},
+                {"apiGroups": ["storagemigration.k8s.io"], "resources": ["storageversionmigrations"],
+                 "verbs": ["get", "list", "create"]},
+                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "update"]},
+            ]),
+        ),
+        (
+            "Role",
+            NS,
+            json!([
+                {"apiGroups": [""], "resources": ["configmaps"],
+                 "resourceNames": [format!("{FULLNAME}-crd")], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+            ]),
+        ),
     ];
     assert_eq!(rules.len(), expected.len(), "roles: {rules:#?}");
     for (kind, ns, want) in &expected {
@@ -648,8 +671,8 @@ fn default_render_is_hardened_and_least_privilege() {
             json!([{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}])
         );
     }
-    assert_eq!(all_of(&docs, "RoleBinding").len(), 3);
-    assert_eq!(all_of(&docs, "ClusterRoleBinding").len(), 1);
+    assert_eq!(all_of(&docs, "RoleBinding").len(), 4);
+    assert_eq!(all_of(&docs, "ClusterRoleBinding").len(), 2);
 
     // With the collector off, only the identity-lease read access is left.
     let no_gc = webhook_objects(&render(&["--set".into(), "gc.enabled=false".into()]));
@@ -663,6 +686,61 @@ fn default_render_is_hardened_and_least_privilege() {
     assert!(roles
         .iter()
         .all(|r| r["metadata"]["namespace"] == "kube-system"));
+}
+
+/// The CRD migrator (`crdMigrate.enabled`): on by default with its flags and RBAC; off, or with
+/// the collector off (no leader election), neither; `resourceRules` narrows the rewrite's grant.
+#[test]
+fn crd_migrator_is_on_by_default_and_its_rbac_goes_with_it() {
+    let crd_rules = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| name_of(d) == format!("{FULLNAME}-crd") && kind_of(d) == "ClusterRole")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    let on = render(&[]);
+    let args = container_args(&on);
+    for want in [
+        "--crd-migrate".to_string(),
+        format!("--crd-migrate-state-configmap={FULLNAME}-crd"),
+    ] {
+        assert!(args.contains(&want), "{want} not in {args:?}");
+    }
+    assert_eq!(crd_rules(&on).len(), 4);
+    for off in [
+        render(&["--set".into(), "crdMigrate.enabled=false".into()]),
+        render(&["--set".into(), "gc.enabled=false".into()]),
+    ] {
+        assert!(!container_args(&off)
+            .iter()
+            .any(|a| a.starts_with("--crd-migrate")));
+        assert!(crd_rules(&off).is_empty());
+        assert!(!off
+            .iter()
+            .any(|d| name_of(d).starts_with(&format!("{FULLNAME}-crd"))));
+    }
+    let tuned = render(&[
+        "--set".into(),
+        "crdMigrate.settle=30s".into(),
+        "--set".into(),
+        "crdMigrate.rate=200".into(),
+        "--set".into(),
+        "crdMigrate.method=rewrite".into(),
+        "--set-json".into(),
+        r#"crdMigrate.resourceRules=[{"apiGroups":["example.com"],"resources":["widgets"],"verbs":["get","list","update"]}]"#.into(),
+    ]);
+    let args = container_args(&tuned);
+    for want in [
+        "--crd-migrate-settle=30s",
+        "--crd-migrate-rate=200",
+        "--crd-migrate-method=rewrite",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    assert_eq!(
+        crd_rules(&tuned)[3],
+        json!({"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get", "list", "update"]})
+    );
 }
 
 /// The policy report (`report.enabled`): off by default, with no flag and no RBAC for it; on,
