@@ -640,7 +640,6 @@ fn default_render_is_hardened_and_least_privilege() {
                  "resources": ["customresourcedefinitions/status"], "verbs": ["patch"]},
                 {"apiGroups": ["storagemigration.k8s.io"], "resources": ["storageversionmigrations"],
                  "verbs": ["get", "list", "create"]},
-                {"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "update"]},
             ]),
         ),
         (
@@ -706,7 +705,8 @@ fn crd_migrator_is_on_by_default_and_its_rbac_goes_with_it() {
     ] {
         assert!(args.contains(&want), "{want} not in {args:?}");
     }
-    assert_eq!(crd_rules(&on).len(), 4);
+    // No custom resource rights unless crdMigrate.resourceRules names them.
+    assert_eq!(crd_rules(&on).len(), 3);
     for off in [
         render(&["--set".into(), "crdMigrate.enabled=false".into()]),
         render(&["--set".into(), "gc.enabled=false".into()]),
@@ -1552,6 +1552,7 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
     };
     let sv = "storageversions.internal.apiserver.k8s.io";
     let leader = format!("leases/{FULLNAME}-gc");
+    let crd_state = format!("configmaps/{FULLNAME}-crd");
     let yes: &[(&str, &str, &[&str])] = &[
         ("list", "leases", &["-n", "kube-system"]),
         ("watch", "leases", &["-n", "kube-system"]),
@@ -1568,6 +1569,26 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("create", "events", &["-n", "default"]),
         ("create", "events.events.k8s.io", &["-n", "default"]),
         ("patch", "events.events.k8s.io", &["-n", "default"]),
+        // The CRD migrator (on by default): docs/crd.md.
+        (
+            "watch",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &["--subresource=status"],
+        ),
+        (
+            "create",
+            "storageversionmigrations.storagemigration.k8s.io",
+            &[],
+        ),
+        ("patch", &crd_state, &["-n", NS]),
+        // Server-side apply creates the state ConfigMap the first time (create cannot be
+        // limited by name).
+        ("create", "configmaps", &["-n", NS]),
     ];
     let no: &[(&str, &str, &[&str])] = &[
         // Identity leases belong to kube-apiserver.
@@ -1590,10 +1611,32 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("create", "events", &["-n", "kube-system"]),
         ("create", "events", &["-n", NS]),
         ("delete", "events", &["-n", "default"]),
+        // CRDs themselves are never changed, only their status; custom resources only with
+        // crdMigrate.resourceRules.
+        (
+            "update",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "delete",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "delete",
+            "storageversionmigrations.storagemigration.k8s.io",
+            &[],
+        ),
+        ("patch", "configmaps/other", &["-n", NS]),
         // Nothing else.
         ("get", "secrets", &["-n", NS]),
         ("list", "secrets", &["--all-namespaces"]),
-        ("create", "configmaps", &["-n", NS]),
         ("create", "pods", &["-n", NS]),
         ("update", "deployments.apps", &["-n", NS]),
         (
