@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,9 @@ use super::types::Crd;
 use crate::migrate::svm::{self, StorageVersionMigration};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Passes are at least this far apart, however many CRD events arrive (each pass may cost a
+/// discovery GET and a LIST of our StorageVersionMigrations).
+const MIN_PASS_GAP: Duration = Duration::from_millis(250);
 /// Label value on the StorageVersionMigrations the CRD migrator creates (the migration
 /// trigger's are `storageversion-webhook`: neither follows the other's).
 pub const MANAGED_BY_VALUE: &str = "storageversion-webhook-crd";
@@ -106,7 +109,10 @@ impl Migrator {
         let mut t = Term::default();
         let wake = Arc::new(Notify::new());
         let api: Api<Crd> = Api::all(self.client.clone());
-        let mut events = watcher(api, watcher::Config::default()).boxed();
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut last_pass: Option<Instant> = None;
         loop {
             tokio::select! {
                 biased;
@@ -125,6 +131,14 @@ impl Migrator {
             if !t.synced {
                 continue;
             }
+            let gap = self.cfg.interval.min(MIN_PASS_GAP);
+            if let Some(at) = last_pass.map(|l| l + gap).filter(|at| *at > Instant::now()) {
+                tokio::select! {
+                    () = term.cancelled() => return,
+                    () = tokio::time::sleep_until(at) => {}
+                }
+            }
+            last_pass = Some(Instant::now());
             tokio::select! {
                 biased;
                 () = term.cancelled() => return,

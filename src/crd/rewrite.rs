@@ -151,6 +151,15 @@ pub async fn rewrite(
                 token = None;
                 continue;
             }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                metrics.error("list_objects");
+                return Err(Failure::Error(format!(
+                    "not allowed to list {}.{}: grant get, list and update of them (the chart's \
+                     crdMigrate.resourceRules), or let kube-controller-manager's migrator do it \
+                     where StorageVersionMigrations are served: {}",
+                    ar.plural, ar.group, s.message
+                )));
+            }
             Err(e) => {
                 metrics.error("list_objects");
                 return Err(Failure::Error(format!("cannot list {}: {e}", ar.plural)));
