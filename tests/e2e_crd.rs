@@ -102,7 +102,8 @@ async fn a_storage_version_flip_is_finished_by_kube_controller_managers_migrator
     flip_and_migrate(&cp, Method::Svm, 50).await;
 }
 
-async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
+/// Creates the CRD (v1beta1 storage, v1 served) and `objects` Widgets, stored as v1beta1.
+async fn create_widgets(cp: &ControlPlane, objects: usize) {
     // Created whole (our Crd type drops the schemas on decoding).
     let ar = kube::api::ApiResource {
         group: "apiextensions.k8s.io".into(),
@@ -161,7 +162,10 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
             .into_iter()
             .collect()
     );
+}
 
+async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
+    create_widgets(cp, objects).await;
     // Flip the storage version: storedVersions now lists both.
     replace_versions(cp, vec![version("v1beta1", false), version("v1", true)])
         .await
@@ -343,4 +347,164 @@ async fn record(cp: &ControlPlane) -> storageversion_webhook::crd::decide::Recor
         .get(CRD)
         .and_then(|v| storageversion_webhook::crd::state::parse(v))
         .expect("a record of the CRD")
+}
+
+fn crd_metric(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        &format!("storageversion_webhook_crd_migration_{name}"),
+        labels,
+    )
+}
+
+async fn wait_metric(hook: &Webhook, what: &str, name: &str, labels: &[&str], at_least: f64) {
+    poll_until(Duration::from_secs(120), what, || async {
+        crd_metric(&hook.metrics().await, name, labels) >= at_least
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+}
+
+/// I7 and the deleted CRD on real components: a generation change in the middle of our rewrite
+/// stops it (abandoned, no prune on it) and a second migration, begun after the settle time,
+/// prunes; a storage flip back starts a third, and the CRD deleted in its middle leaves no
+/// record, no running rewrite, and a webhook that is still ready and calm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_changed_or_deleted_during_the_rewrite() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let objects = 300;
+    create_widgets(&cp, objects).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=1s",
+            "--crd-migrate-interval=300ms",
+            "--crd-migrate-method=rewrite",
+            // 300 objects take 15 s: time to change the CRD in the middle.
+            "--crd-migrate-rate=20",
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    wait_metric(
+        &hook,
+        "the rewrite to be under way",
+        "objects_total",
+        &[],
+        20.0,
+    )
+    .await;
+    // A generation change (a printer column) with the same storage version.
+    let mut v1 = version("v1", true);
+    v1["additionalPrinterColumns"] =
+        serde_json::json!([{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}]);
+    let changed = replace_versions(&cp, vec![version("v1beta1", false), v1.clone()])
+        .await
+        .expect("change the CRD");
+    assert!(changed.metadata.generation.unwrap_or(0) >= 3);
+    wait_metric(
+        &hook,
+        "the first migration abandoned",
+        "outcomes_total",
+        &["result=\"abandoned\""],
+        1.0,
+    )
+    .await;
+    let metrics = hook.metrics().await;
+    assert_eq!(
+        crd_metric(&metrics, "prunes_total", &[]),
+        0.0,
+        "no prune on it"
+    );
+    assert!(crd_metric(&metrics, "objects_total", &[]) < objects as f64);
+    // The second migration, begun after the settle time on the new generation, prunes.
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let m = record(&cp).await.migration.expect("the second migration");
+    assert_eq!(
+        (m.sequence, m.phase, m.generation),
+        (
+            2,
+            Phase::Succeeded,
+            changed.metadata.generation.unwrap_or(0)
+        )
+    );
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+    let metrics = hook.metrics().await;
+    assert_eq!(
+        crd_metric(&metrics, "prunes_total", &["result=\"pruned\""]),
+        1.0
+    );
+    assert_eq!(crd_metric(&metrics, "started_total", &[]), 2.0);
+
+    // The storage version back to v1beta1: a third migration; the CRD deleted in its middle.
+    let before = crd_metric(&metrics, "objects_total", &[]);
+    replace_versions(
+        &cp,
+        vec![version("v1beta1", true), {
+            let mut v = v1.clone();
+            v["storage"] = serde_json::json!(false);
+            v
+        }],
+    )
+    .await
+    .expect("flip back");
+    wait_metric(
+        &hook,
+        "the third rewrite under way",
+        "objects_total",
+        &[],
+        before + 20.0,
+    )
+    .await;
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    api.delete(CRD, &Default::default())
+        .await
+        .expect("delete the CRD");
+    poll_until(Duration::from_secs(120), "the CRD gone", || async {
+        api.get_opt(CRD).await.ok().flatten().is_none()
+    })
+    .await
+    .expect("CRD deleted");
+    poll_until(
+        Duration::from_secs(60),
+        "its record gone, no rewrite running",
+        || async {
+            let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                Api::namespaced(cp.client.clone(), NAMESPACE);
+            let gone = cms
+                .get(STATE_CONFIGMAP)
+                .await
+                .ok()
+                .and_then(|cm| cm.data)
+                .is_none_or(|d| !d.contains_key(CRD));
+            gone && crd_metric(&hook.metrics().await, "running", &[]) == 0.0
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    hook.wait_ready(Duration::from_secs(10)).await;
+    let metrics = hook.metrics().await;
+    assert_eq!(crd_metric(&metrics, "started_total", &[]), 3.0);
+    assert_eq!(crd_metric(&metrics, "prunes_total", &[]), 1.0);
+    let logs = hook.logs_text();
+    assert!(!logs.contains("panicked"), "{logs}");
 }
