@@ -508,3 +508,81 @@ async fn a_crd_changed_or_deleted_during_the_rewrite() {
     let logs = hook.logs_text();
     assert!(!logs.contains("panicked"), "{logs}");
 }
+
+/// I8 across leaders: the leader killed in the middle of its rewrite; the other replica takes
+/// the leader Lease, resumes the recorded migration under the same name (it begins none of its
+/// own), finishes it and prunes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let objects = 300;
+    create_widgets(&cp, objects).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let flags = [
+        "--crd-migrate",
+        "--crd-migrate-settle=1s",
+        "--crd-migrate-interval=300ms",
+        "--crd-migrate-method=rewrite",
+        "--crd-migrate-rate=20",
+        &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+        "--gc-leader-lease-name=svw-crd-test",
+        "--gc-leader-lease-duration=6s",
+        "--gc-leader-lease-grace=2s",
+    ];
+    let mut replicas = vec![
+        Webhook::start(&cp, &certs, &flags).await,
+        Webhook::start(&cp, &certs, &flags).await,
+    ];
+    let leader = std::sync::Mutex::new(None);
+    poll_until(Duration::from_secs(60), "a leader under way", || async {
+        for (i, r) in replicas.iter().enumerate() {
+            let m = r.metrics().await;
+            if support::migrate::leads(&m) && crd_metric(&m, "objects_total", &[]) >= 20.0 {
+                *leader.lock().unwrap_or_else(|e| e.into_inner()) = Some(i);
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("leader");
+    let leader = leader
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .expect("leader index");
+    let begun = record(&cp).await.migration.expect("recorded");
+    assert_eq!((begun.sequence, begun.phase), (1, Phase::Running));
+    replicas[leader].kill();
+    let other = &replicas[1 - leader];
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", other.logs_text()));
+    let done = record(&cp).await.migration.expect("recorded");
+    assert_eq!(
+        (done.name.as_str(), done.sequence, done.phase),
+        (begun.name.as_str(), 1, Phase::Succeeded)
+    );
+    let metrics = other.metrics().await;
+    assert_eq!(
+        crd_metric(&metrics, "started_total", &[]),
+        0.0,
+        "it began none of its own"
+    );
+    assert_eq!(
+        crd_metric(&metrics, "prunes_total", &["result=\"pruned\""]),
+        1.0
+    );
+    assert!(other.logs_text().contains("resuming the CRD rewrite"));
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+}
