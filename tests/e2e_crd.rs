@@ -533,7 +533,7 @@ async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
         "--gc-leader-lease-duration=6s",
         "--gc-leader-lease-grace=2s",
     ];
-    let mut replicas = vec![
+    let mut replicas = [
         Webhook::start(&cp, &certs, &flags).await,
         Webhook::start(&cp, &certs, &flags).await,
     ];
