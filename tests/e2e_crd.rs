@@ -586,3 +586,87 @@ async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
             .collect()
     );
 }
+
+/// A control plane without the StorageVersion API (the gate off and the API group not served,
+/// as on most clusters): `serve` starts, becomes ready, migrates CRDs all the same, and says once
+/// (a log line, `gc_storageversion_api_missing 1`) that built-in storage versions are not
+/// visible, with no error loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_storageversion_api_migrates_crds() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up_with_env(
+        &[],
+        &[(
+            "SVW_APISERVER_EXTRA_ARGS",
+            "--feature-gates=StorageVersionAPI=false --runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
+        )],
+    )
+    .await;
+    let svs = support::storage_versions(&cp)
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(&svs, Err(kube::Error::Api(s)) if s.code == 404),
+        "the StorageVersion API is not served: {svs:?}"
+    );
+    create_widgets(&cp, 50).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=1s",
+            "--crd-migrate-interval=300ms",
+            "--crd-migrate-method=rewrite",
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), 50)].into_iter().collect()
+    );
+    hook.wait_ready(Duration::from_secs(10)).await;
+    // Said once, and no error loop: the collector's retries of the list are quiet.
+    poll_until(
+        Duration::from_secs(30),
+        "the missing API in the metrics",
+        || async {
+            metric_sum(
+                &hook.metrics().await,
+                "storageversion_webhook_gc_storageversion_api_missing",
+                &[],
+            ) == 1.0
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let logs = hook.logs_text();
+    assert_eq!(
+        logs.matches("is not served: built-in storage versions")
+            .count(),
+        1,
+        "{logs}"
+    );
+    assert!(!logs.contains("StorageVersion watch failed"), "{logs}");
+    assert_eq!(
+        metric_sum(
+            &hook.metrics().await,
+            "storageversion_webhook_gc_errors_total",
+            &["operation=\"watch_storage_versions\""]
+        ),
+        0.0
+    );
+}
