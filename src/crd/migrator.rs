@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::MethodChoice;
 use super::decide::{self, Decision, Method, Phase, Seen};
 use super::metrics::{CrdMetrics, MethodLabels, OutcomeLabels, StateLabels};
+use super::prune::Pruned;
 use super::rewrite::{self, Counts, Failure, Pace};
 use super::state::{self, Memory};
 use super::types::Crd;
@@ -487,57 +488,25 @@ impl Migrator {
             .inc();
     }
 
-    /// Sets storedVersions to the storage version: decided again on a copy read now, written
-    /// with that copy's resourceVersion, so that any change in between fails the write (409)
-    /// rather than lose a version (I7); the next pass decides again.
+    /// Prunes storedVersions ([`super::prune`]); the next pass decides again whatever happened.
     async fn prune(&self, t: &mut Term, name: &str) {
-        let api: Api<Crd> = Api::all(self.client.clone());
-        let fresh = match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name)).await {
-            Ok(Ok(Some(c))) => c,
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => {
-                self.metrics.error("get_crd");
-                tracing::warn!(crd = name, error = %e, "cannot read the CRD before pruning");
-                return;
-            }
-            Err(_) => {
-                self.metrics.error("get_crd");
-                return;
-            }
-        };
-        let snap = fresh.snapshot();
         let record = t.memory.as_ref().and_then(|m| m.get(name));
-        let Some(stored) = decide::pruned(&snap, record) else {
-            return;
-        };
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": snap.resource_version},
-            "status": {"storedVersions": stored},
-        });
-        let result = tokio::time::timeout(
-            CALL_TIMEOUT,
-            api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)),
-        )
-        .await;
-        match result {
-            Ok(Ok(_)) => {
+        match super::prune::prune(&self.client, name, record).await {
+            Pruned::Pruned { from, to } => {
                 self.metrics.prune("pruned");
-                tracing::info!(crd = name, from = ?snap.stored, to = ?stored, "pruned status.storedVersions");
+                tracing::info!(crd = name, from = ?from, to = ?to, "pruned status.storedVersions");
             }
-            Ok(Err(kube::Error::Api(s))) if s.code == 409 || s.code == 404 => {
+            Pruned::NotNeeded => {}
+            Pruned::Conflict => {
                 self.metrics.prune("conflict");
                 tracing::info!(
                     crd = name,
                     "the CRD changed before the prune; deciding again"
                 );
             }
-            Ok(Err(e)) => {
+            Pruned::Failed(e) => {
                 self.metrics.prune("failed");
                 tracing::warn!(crd = name, error = %e, "cannot prune status.storedVersions");
-            }
-            Err(_) => {
-                self.metrics.prune("failed");
-                tracing::warn!(crd = name, "pruning status.storedVersions timed out");
             }
         }
     }

@@ -8,13 +8,15 @@
 //! - [`decide`]: the pure decision (invariants I7, I8).
 //! - [`types`]: the slice of a CRD we decode. [`state`]: the record ConfigMap.
 //! - [`rewrite`]: our own rewrite (paginated, paced, 404/409 handled).
-//! - [`migrator`]: the term's work (watch, passes, prune).
+//! - [`prune`]: the preconditioned write of storedVersions.
+//! - [`migrator`]: the term's work (watch, passes, starts, follow-up).
 //! - [`args`], [`metrics`].
 
 pub mod args;
 pub mod decide;
 pub mod metrics;
 pub mod migrator;
+pub mod prune;
 pub mod rewrite;
 pub mod state;
 pub mod types;
