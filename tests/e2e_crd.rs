@@ -60,9 +60,21 @@ fn widgets(cp: &ControlPlane, version: &str) -> Api<DynamicObject> {
     Api::namespaced_with(cp.client.clone(), "default", &ar)
 }
 
+/// The CRD; a failed GET (the apiserver busy on this 2-core machine) is asked again, for up to
+/// 30 s.
 async fn get_crd(cp: &ControlPlane) -> Crd {
     let api: Api<Crd> = Api::all(cp.client.clone());
-    api.get(CRD).await.expect("get the CRD")
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match api.get(CRD).await {
+            Ok(c) => return c,
+            Err(e) if std::time::Instant::now() > deadline => panic!("get the CRD: {e}"),
+            Err(e) => {
+                eprintln!("get the CRD: {e}; asking again");
+                tokio::task::yield_now().await;
+            }
+        }
+    }
 }
 
 async fn replace_versions(
