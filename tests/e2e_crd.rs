@@ -64,17 +64,24 @@ fn widgets(cp: &ControlPlane, version: &str) -> Api<DynamicObject> {
 /// 30 s.
 async fn get_crd(cp: &ControlPlane) -> Crd {
     let api: Api<Crd> = Api::all(cp.client.clone());
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let got = std::sync::Mutex::new(None);
+    poll_until(Duration::from_secs(30), "a GET of the CRD", || async {
         match api.get(CRD).await {
-            Ok(c) => return c,
-            Err(e) if std::time::Instant::now() > deadline => panic!("get the CRD: {e}"),
+            Ok(c) => {
+                *got.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                true
+            }
             Err(e) => {
                 eprintln!("get the CRD: {e}; asking again");
-                tokio::task::yield_now().await;
+                false
             }
         }
-    }
+    })
+    .await
+    .expect("get the CRD");
+    got.into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .expect("the CRD")
 }
 
 async fn replace_versions(
