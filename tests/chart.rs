@@ -1133,6 +1133,7 @@ fn hooks_render_hardened_and_least_privilege() {
         format!("--namespace={NS}"),
         format!("--leader-lease={FULLNAME}-gc"),
         format!("--migrate-state-configmap={FULLNAME}-migrate"),
+        format!("--crd-state-configmap={FULLNAME}-crd"),
         format!("--pod={FULLNAME}-test"),
     ] {
         assert!(args.contains(&want), "{want} not in {args:?}");
@@ -1156,7 +1157,8 @@ fn hooks_render_hardened_and_least_privilege() {
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "resourceNames": [format!("{FULLNAME}-gc")], "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["configmaps"],
-             "resourceNames": [format!("{FULLNAME}-migrate")], "verbs": ["get", "delete"]},
+             "resourceNames": [format!("{FULLNAME}-migrate"), format!("{FULLNAME}-crd")],
+             "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["pods"],
              "resourceNames": [format!("{FULLNAME}-test")], "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},

@@ -30,7 +30,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, clap::Args)]
 #[command(after_help = "\
 What the chart's post-delete hook runs (its ServiceAccount needs, in the namespace: list pods; \
-get/delete the named Lease, ConfigMap and pods). Objects already gone are fine. Exit status: 0 \
+get/delete the named Lease, ConfigMaps and pods). Objects already gone are fine. Exit status: 0 \
 when every named object is gone, 1 when one could not be deleted.")]
 pub struct CleanupArgs {
     /// kubeconfig file; without it, the in-cluster configuration, $KUBECONFIG or ~/.kube/config.
@@ -46,6 +46,10 @@ pub struct CleanupArgs {
     /// carries the label `serve --migrate` writes.
     #[arg(long, value_name = "NAME")]
     pub migrate_state_configmap: Option<String>,
+    /// The CRD migrator's state ConfigMap (`serve --crd-migrate-state-configmap`); deleted only
+    /// if it carries the same label.
+    #[arg(long, value_name = "NAME")]
+    pub crd_state_configmap: Option<String>,
     /// A pod to delete (repeatable), e.g. the last `helm test` pod.
     #[arg(long = "pod", value_name = "NAME")]
     pub pods: Vec<String>,
@@ -93,24 +97,12 @@ async fn cleanup(client: &kube::Client, args: &CleanupArgs) -> Vec<String> {
             failures.push(e);
         }
     }
-    if let Some(name) = &args.migrate_state_configmap {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        match call(api.get_opt(name)).await {
-            Err(e) => failures.push(format!("cannot read ConfigMap {ns}/{name}: {e}")),
-            Ok(None) => println!("ConfigMap {ns}/{name}: not there"),
-            Ok(Some(cm)) => {
-                let labels = cm.metadata.labels.unwrap_or_default();
-                if labels.get(STATE_LABEL.0).map(String::as_str) == Some(STATE_LABEL.1) {
-                    if let Err(e) = delete(&api, "ConfigMap", ns, name, cm.metadata.uid).await {
-                        failures.push(e);
-                    }
-                } else {
-                    println!(
-                        "ConfigMap {ns}/{name}: left alone, it has no label {}={} (not made by serve --migrate)",
-                        STATE_LABEL.0, STATE_LABEL.1
-                    );
-                }
-            }
+    for name in [&args.migrate_state_configmap, &args.crd_state_configmap]
+        .into_iter()
+        .flatten()
+    {
+        if let Err(e) = delete_state_configmap(client, ns, name).await {
+            failures.push(e);
         }
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -120,6 +112,30 @@ async fn cleanup(client: &kube::Client, args: &CleanupArgs) -> Vec<String> {
         }
     }
     failures
+}
+
+/// Deletes a state ConfigMap of `serve` if it carries the label `serve` writes on it.
+async fn delete_state_configmap(client: &kube::Client, ns: &str, name: &str) -> Result<(), String> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    match call(api.get_opt(name)).await {
+        Err(e) => Err(format!("cannot read ConfigMap {ns}/{name}: {e}")),
+        Ok(None) => {
+            println!("ConfigMap {ns}/{name}: not there");
+            Ok(())
+        }
+        Ok(Some(cm)) => {
+            let labels = cm.metadata.labels.unwrap_or_default();
+            if labels.get(STATE_LABEL.0).map(String::as_str) == Some(STATE_LABEL.1) {
+                delete(&api, "ConfigMap", ns, name, cm.metadata.uid).await
+            } else {
+                println!(
+                    "ConfigMap {ns}/{name}: left alone, it has no label {}={} (not made by serve)",
+                    STATE_LABEL.0, STATE_LABEL.1
+                );
+                Ok(())
+            }
+        }
+    }
 }
 
 /// One API call with [`CALL_TIMEOUT`].
