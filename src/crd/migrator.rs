@@ -445,8 +445,18 @@ impl Migrator {
                         String::new(),
                     );
                 }
-                // Gone: the CRD is being deleted; its record goes with it.
-                Err(Failure::Gone) | Err(Failure::Stopped) => {}
+                Err(Failure::Stopped) => {}
+                // Gone: the CRD is being deleted (its record goes with it, or the next pass
+                // abandons the migration); if it is not, its resource is not served, which a
+                // new try each pass would not mend.
+                Err(Failure::Gone) => {
+                    let deleting = t.crds.get(&name).is_none_or(|c| c.snapshot().terminating);
+                    if !deleting {
+                        let e = "the resource is not served (404 on its list)".to_string();
+                        tracing::warn!(crd = %name, migration = %migration, error = %e, "CRD rewrite failed");
+                        self.end(t, &name, &migration, Method::Rewrite, Phase::Failed, e);
+                    }
+                }
                 Err(Failure::Error(e)) => {
                     tracing::warn!(crd = %name, migration = %migration, error = %e,
                         "CRD rewrite failed; storedVersions is left alone (see docs/crd.md)");
