@@ -689,3 +689,73 @@ async fn a_cluster_without_the_storageversion_api_migrates_crds() {
         0.0
     );
 }
+
+/// The scale run (a measurement, not a timed test; `cargo test --test e2e_crd scale --
+/// --ignored --nocapture`): `SVW_CRD_SCALE_OBJECTS` Widgets (default 10,000) rewritten at
+/// `SVW_CRD_SCALE_RATE` per second (default 1000); prints the time, the API calls per object
+/// and the webhook's peak resident memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: minutes and a loaded machine"]
+async fn scale_many_objects_of_one_crd() {
+    let _serial = serial().await;
+    let env_num = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let objects = env_num("SVW_CRD_SCALE_OBJECTS", 10_000);
+    let rate = env_num("SVW_CRD_SCALE_RATE", 1000);
+    let cp = ControlPlane::up().await;
+    create_widgets(&cp, objects).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=1s",
+            "--crd-migrate-interval=1s",
+            "--crd-migrate-method=rewrite",
+            &format!("--crd-migrate-rate={rate}"),
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    let started = std::time::Instant::now();
+    poll_until(Duration::from_secs(1800), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let took = started.elapsed();
+    let peak_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", hook.child.id()))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let metrics = hook.metrics().await;
+    let puts = crd_metric(&metrics, "objects_total", &[]);
+    let lists = objects.div_ceil(storageversion_webhook::crd::rewrite::PAGE as usize);
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+    eprintln!(
+        "scale: {objects} objects at {rate}/s: pruned {took:?} after the webhook started; \
+         {puts} PUTs + {lists} LISTs ({:.3} calls per object); at the default 50/s: {:.0} s; \
+         webhook peak RSS {} MiB",
+        (puts + lists as f64) / objects as f64,
+        objects as f64 / 50.0,
+        peak_kib / 1024
+    );
+}
