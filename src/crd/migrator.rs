@@ -66,6 +66,15 @@ impl Drop for Running {
     }
 }
 
+/// Sets a gauge to 0 when dropped.
+struct ZeroOnDrop(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for ZeroOnDrop {
+    fn drop(&mut self) {
+        self.0.set(0);
+    }
+}
+
 /// What one term knows between passes.
 #[derive(Default)]
 struct Term {
@@ -107,6 +116,8 @@ impl Migrator {
 
     /// One leadership term: the watch, the passes and the rewrites, all dropped when `term` ends.
     pub async fn lead(self: Arc<Self>, term: CancellationToken) {
+        // The term's rewrites stop with it (dropping `t` stops them): so does the gauge.
+        let _running = ZeroOnDrop(self.metrics.running.clone());
         let mut t = Term::default();
         let wake = Arc::new(Notify::new());
         let api: Api<Crd> = Api::all(self.client.clone());
