@@ -6,6 +6,7 @@ pub mod audit;
 pub mod catalog;
 pub mod check;
 pub mod cli;
+pub mod crd;
 pub mod duration;
 pub mod gc;
 pub mod hooks;

@@ -24,6 +24,10 @@ struct Kept {
     resource_version: Option<String>,
     #[serde(default)]
     labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default)]
+    deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 /// `#[serde(deserialize_with = "crate::metadata::kept")]`: name, namespace, uid,
@@ -36,6 +40,21 @@ pub fn kept<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
         uid: k.uid,
         resource_version: k.resource_version,
         labels: k.labels,
+        ..ObjectMeta::default()
+    })
+}
+
+/// Like [`kept`], with `generation` and `deletionTimestamp` too (the CRD migrator's watch).
+pub fn kept_with_generation<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    let k = Kept::deserialize(d)?;
+    Ok(ObjectMeta {
+        name: k.name,
+        namespace: k.namespace,
+        uid: k.uid,
+        resource_version: k.resource_version,
+        labels: k.labels,
+        generation: k.generation,
+        deletion_timestamp: k.deletion_timestamp,
         ..ObjectMeta::default()
     })
 }

@@ -632,6 +632,28 @@ fn default_render_is_hardened_and_least_privilege() {
             json!([{"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
                     "verbs": ["create", "patch"]}]),
         ),
+        // The CRD migrator (crdMigrate.enabled, on by default): docs/crd.md.
+        (
+            "ClusterRole",
+            "",
+            json!([
+                {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                 "verbs": ["get", "list", "watch"]},
+                {"apiGroups": ["apiextensions.k8s.io"],
+                 "resources": ["customresourcedefinitions/status"], "verbs": ["patch"]},
+                {"apiGroups": ["storagemigration.k8s.io"], "resources": ["storageversionmigrations"],
+                 "verbs": ["get", "list", "create"]},
+            ]),
+        ),
+        (
+            "Role",
+            NS,
+            json!([
+                {"apiGroups": [""], "resources": ["configmaps"],
+                 "resourceNames": [format!("{FULLNAME}-crd")], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+            ]),
+        ),
     ];
     assert_eq!(rules.len(), expected.len(), "roles: {rules:#?}");
     for (kind, ns, want) in &expected {
@@ -651,8 +673,8 @@ fn default_render_is_hardened_and_least_privilege() {
             json!([{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NS}])
         );
     }
-    assert_eq!(all_of(&docs, "RoleBinding").len(), 3);
-    assert_eq!(all_of(&docs, "ClusterRoleBinding").len(), 1);
+    assert_eq!(all_of(&docs, "RoleBinding").len(), 4);
+    assert_eq!(all_of(&docs, "ClusterRoleBinding").len(), 2);
 
     // With the collector off, only the identity-lease read access is left.
     let no_gc = webhook_objects(&render(&["--set".into(), "gc.enabled=false".into()]));
@@ -666,6 +688,62 @@ fn default_render_is_hardened_and_least_privilege() {
     assert!(roles
         .iter()
         .all(|r| r["metadata"]["namespace"] == "kube-system"));
+}
+
+/// The CRD migrator (`crdMigrate.enabled`): on by default with its flags and RBAC; off, or with
+/// the collector off (no leader election), neither; `resourceRules` narrows the rewrite's grant.
+#[test]
+fn crd_migrator_is_on_by_default_and_its_rbac_goes_with_it() {
+    let crd_rules = |docs: &[Value]| -> Vec<Value> {
+        docs.iter()
+            .filter(|d| name_of(d) == format!("{FULLNAME}-crd") && kind_of(d) == "ClusterRole")
+            .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
+            .collect()
+    };
+    let on = render(&[]);
+    let args = container_args(&on);
+    for want in [
+        "--crd-migrate".to_string(),
+        format!("--crd-migrate-state-configmap={FULLNAME}-crd"),
+    ] {
+        assert!(args.contains(&want), "{want} not in {args:?}");
+    }
+    // No custom resource rights unless crdMigrate.resourceRules names them.
+    assert_eq!(crd_rules(&on).len(), 3);
+    for off in [
+        render(&["--set".into(), "crdMigrate.enabled=false".into()]),
+        render(&["--set".into(), "gc.enabled=false".into()]),
+    ] {
+        assert!(!container_args(&off)
+            .iter()
+            .any(|a| a.starts_with("--crd-migrate")));
+        assert!(crd_rules(&off).is_empty());
+        assert!(!off
+            .iter()
+            .any(|d| name_of(d).starts_with(&format!("{FULLNAME}-crd"))));
+    }
+    let tuned = render(&[
+        "--set".into(),
+        "crdMigrate.settle=30s".into(),
+        "--set".into(),
+        "crdMigrate.rate=200".into(),
+        "--set".into(),
+        "crdMigrate.method=rewrite".into(),
+        "--set-json".into(),
+        r#"crdMigrate.resourceRules=[{"apiGroups":["example.com"],"resources":["widgets"],"verbs":["get","list","update"]}]"#.into(),
+    ]);
+    let args = container_args(&tuned);
+    for want in [
+        "--crd-migrate-settle=30s",
+        "--crd-migrate-rate=200",
+        "--crd-migrate-method=rewrite",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    assert_eq!(
+        crd_rules(&tuned)[3],
+        json!({"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["get", "list", "update"]})
+    );
 }
 
 /// The policy report (`report.enabled`): off by default, with no flag and no RBAC for it; on,
@@ -1058,6 +1136,7 @@ fn hooks_render_hardened_and_least_privilege() {
         format!("--namespace={NS}"),
         format!("--leader-lease={FULLNAME}-gc"),
         format!("--migrate-state-configmap={FULLNAME}-migrate"),
+        format!("--crd-state-configmap={FULLNAME}-crd"),
         format!("--pod={FULLNAME}-test"),
     ] {
         assert!(args.contains(&want), "{want} not in {args:?}");
@@ -1081,7 +1160,7 @@ fn hooks_render_hardened_and_least_privilege() {
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "resourceNames": [format!("{FULLNAME}-gc")], "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["configmaps"],
-             "resourceNames": [format!("{FULLNAME}-migrate"), format!("{FULLNAME}-gc-journal")],
+             "resourceNames": [format!("{FULLNAME}-migrate"), format!("{FULLNAME}-gc-journal"), format!("{FULLNAME}-crd")],
              "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["pods"],
              "resourceNames": [format!("{FULLNAME}-test")], "verbs": ["get", "delete"]},
@@ -1499,6 +1578,7 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
     let sv = "storageversions.internal.apiserver.k8s.io";
     let leader = format!("leases/{FULLNAME}-gc");
     let journal = format!("configmaps/{FULLNAME}-gc-journal");
+    let crd_state = format!("configmaps/{FULLNAME}-crd");
     let yes: &[(&str, &str, &[&str])] = &[
         ("list", "leases", &["-n", "kube-system"]),
         ("watch", "leases", &["-n", "kube-system"]),
@@ -1520,6 +1600,26 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("create", "events", &["-n", "default"]),
         ("create", "events.events.k8s.io", &["-n", "default"]),
         ("patch", "events.events.k8s.io", &["-n", "default"]),
+        // The CRD migrator (on by default): docs/crd.md.
+        (
+            "watch",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &["--subresource=status"],
+        ),
+        (
+            "create",
+            "storageversionmigrations.storagemigration.k8s.io",
+            &[],
+        ),
+        ("patch", &crd_state, &["-n", NS]),
+        // Server-side apply creates the state ConfigMap the first time (create cannot be
+        // limited by name).
+        ("create", "configmaps", &["-n", NS]),
     ];
     let no: &[(&str, &str, &[&str])] = &[
         // Identity leases belong to kube-apiserver.
@@ -1542,6 +1642,29 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("create", "events", &["-n", "kube-system"]),
         ("create", "events", &["-n", NS]),
         ("delete", "events", &["-n", "default"]),
+        // CRDs themselves are never changed, only their status; custom resources only with
+        // crdMigrate.resourceRules.
+        (
+            "update",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "patch",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "delete",
+            "customresourcedefinitions.apiextensions.k8s.io",
+            &[],
+        ),
+        (
+            "delete",
+            "storageversionmigrations.storagemigration.k8s.io",
+            &[],
+        ),
+        ("patch", "configmaps/other", &["-n", NS]),
         // Nothing else.
         ("get", "secrets", &["-n", NS]),
         ("list", "secrets", &["--all-namespaces"]),

@@ -50,6 +50,8 @@ pub struct GcMetrics {
     pub in_flight: Gauge,
     /// The most StorageVersions ever checked or written at once (bounded by `--gc-concurrency`).
     pub in_flight_peak: Gauge,
+    /// 1 while the leader's StorageVersion list answers 404 (the API is not served).
+    pub storageversion_api_missing: Gauge,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,12 +83,18 @@ impl GcMetrics {
             stale_entries: Gauge::default(),
             in_flight: Gauge::default(),
             in_flight_peak: Gauge::default(),
+            storageversion_api_missing: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("storageversion_webhook_gc");
         r.register(
             "stale_entries",
             "StorageVersion entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as the leader's stores show them now (before any grace; 0 on replicas that do not lead)",
             m.stale_entries.clone(),
+        );
+        r.register(
+            "storageversion_api_missing",
+            "1 while the leader finds the StorageVersion API (internal.apiserver.k8s.io/v1alpha1) not served: a cluster without the StorageVersionAPI gate, where built-in storage versions are not visible (the CRD migrator works regardless), else 0",
+            m.storageversion_api_missing.clone(),
         );
         r.register(
             "in_flight",

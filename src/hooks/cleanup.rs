@@ -1,7 +1,8 @@
 //! `cleanup`: what the chart's `post-delete` Job runs after `helm uninstall` removed the release.
 //! The running pods made objects Helm does not know about: the collector's leader Lease, its
-//! journal ConfigMap (`<lease>-journal`) and the migration state ConfigMap; and the last `helm
-//! test` pod is kept for its logs. This deletes exactly those, by name.
+//! journal ConfigMap (`<lease>-journal`), the migration state ConfigMap and the CRD migrator's state
+//! ConfigMap; and the last `helm test` pod is kept for its logs. This deletes exactly those, by
+//! name.
 //!
 //! Order: first it waits until no pod matching `--wait-for-pods` is left (the webhook's pods,
 //! which Kubernetes' garbage collector deletes after their Deployment): while one runs it can
@@ -47,6 +48,10 @@ pub struct CleanupArgs {
     /// carries the label `serve --migrate` writes.
     #[arg(long, value_name = "NAME")]
     pub migrate_state_configmap: Option<String>,
+    /// The CRD migrator's state ConfigMap (`serve --crd-migrate-state-configmap`); deleted only
+    /// if it carries the same label.
+    #[arg(long, value_name = "NAME")]
+    pub crd_state_configmap: Option<String>,
     /// A pod to delete (repeatable), e.g. the last `helm test` pod.
     #[arg(long = "pod", value_name = "NAME")]
     pub pods: Vec<String>,
@@ -94,14 +99,19 @@ async fn cleanup(client: &kube::Client, args: &CleanupArgs) -> Vec<String> {
             failures.push(e);
         }
     }
-    if let Some(lease) = &args.leader_lease {
-        let name = crate::gc::collector::journal_name(lease);
-        if let Err(e) = delete_ours(client, ns, &name, "serve's garbage collector").await {
-            failures.push(e);
-        }
-    }
-    if let Some(name) = &args.migrate_state_configmap {
-        if let Err(e) = delete_ours(client, ns, name, "serve --migrate").await {
+    let journal = args
+        .leader_lease
+        .as_deref()
+        .map(crate::gc::collector::journal_name);
+    for name in [
+        args.migrate_state_configmap.as_ref(),
+        args.crd_state_configmap.as_ref(),
+        journal.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if let Err(e) = delete_state_configmap(client, ns, name).await {
             failures.push(e);
         }
     }
@@ -114,15 +124,9 @@ async fn cleanup(client: &kube::Client, args: &CleanupArgs) -> Vec<String> {
     failures
 }
 
-/// Deletes the ConfigMap `name` if it carries the label serve writes on its own ConfigMaps
-/// (the migration state, the collector's journal); leaves any other alone. `writer` names who
-/// makes it, for the message.
-async fn delete_ours(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    writer: &str,
-) -> Result<(), String> {
+/// Deletes a ConfigMap of `serve` (a state ConfigMap, the collector's journal) if it carries the
+/// label `serve` writes on it; leaves any other alone.
+async fn delete_state_configmap(client: &kube::Client, ns: &str, name: &str) -> Result<(), String> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
     match call(api.get_opt(name)).await {
         Err(e) => Err(format!("cannot read ConfigMap {ns}/{name}: {e}")),
@@ -136,7 +140,7 @@ async fn delete_ours(
                 delete(&api, "ConfigMap", ns, name, cm.metadata.uid).await
             } else {
                 println!(
-                    "ConfigMap {ns}/{name}: left alone, it has no label {}={} (not made by {writer})",
+                    "ConfigMap {ns}/{name}: left alone, it has no label {}={} (not made by serve)",
                     STATE_LABEL.0, STATE_LABEL.1
                 );
                 Ok(())

@@ -150,6 +150,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub report: crate::report::ReportArgs,
+
+    #[command(flatten)]
+    pub crd: crate::crd::CrdArgs,
 }
 
 /// TLS settings of the admission listener.

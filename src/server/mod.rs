@@ -314,6 +314,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let migrate =
         crate::migrate::spawn(client.clone(), &args.migrate, &args.gc, &gc, &mut registry)?;
+    let crd = crate::crd::spawn(client.clone(), &args.crd, &args.gc, &gc, &mut registry)?;
     let report = crate::report::spawn(
         client,
         &args.report,
@@ -350,6 +351,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(async move {
             stop.cancelled().await;
             report.shutdown().await;
+            crd.shutdown().await;
             migrate.shutdown().await;
             gc.shutdown().await;
         })

@@ -49,6 +49,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-migrate" (include "svw.fullname" .)) .Values.migrate.stateConfigMap -}}
 {{- end -}}
 
+{{- define "svw.crdStateConfigMap" -}}
+{{- default (printf "%s-crd" (include "svw.fullname" .)) .Values.crdMigrate.stateConfigMap -}}
+{{- end -}}
+
 {{- define "svw.reportName" -}}
 {{- default (include "svw.fullname" .) .Values.report.name -}}
 {{- end -}}

@@ -30,10 +30,26 @@ impl Term {
             .default_backoff()
             .reflect(writer);
         let mut events = std::pin::pin!(events);
+        // Said once per term: a cluster without the StorageVersion API is a normal cluster.
+        let mut said_missing = false;
         while let Some(Some(event)) = self.cancellable(events.next()).await {
             match event {
+                Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.code == 404 => {
+                    self.c.metrics.storageversion_api_missing.set(1);
+                    if !said_missing {
+                        said_missing = true;
+                        tracing::warn!(
+                            "the StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not \
+                             served: built-in storage versions are not visible on this cluster \
+                             (kube-apiserver needs --feature-gates=StorageVersionAPI=true and \
+                             --runtime-config=internal.apiserver.k8s.io/v1alpha1=true); nothing \
+                             to collect until it is; the CRD migrator works regardless"
+                        );
+                    }
+                }
                 Ok(watcher::Event::Init) | Ok(watcher::Event::InitApply(_)) => {}
                 Ok(watcher::Event::InitDone) => {
+                    self.c.metrics.storageversion_api_missing.set(0);
                     // The list's pages are decoded and dropped: hand their memory back.
                     crate::memory::release_free();
                     self.wake.notify_one();

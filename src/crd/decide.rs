@@ -1,0 +1,746 @@
+//! The pure decision of the CRD migrator: given what a CustomResourceDefinition shows now, what
+//! we recorded about its last migration, how long it has looked the same, and `now`, what to do.
+//! No I/O, no clock, no logging: everything is an argument (docs/crd.md, invariants I7 and I8).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+/// What the migrator keeps of one CRD (everything else of it is dropped on decoding).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub name: String,
+    pub uid: String,
+    pub generation: i64,
+    pub resource_version: String,
+    /// The `Established` condition is True.
+    pub established: bool,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// The version with `storage: true` (None: none, or more than one).
+    pub storage: Option<String>,
+    /// Served versions, in spec order.
+    pub served: Vec<String>,
+    /// `status.storedVersions`, as listed.
+    pub stored: Vec<String>,
+}
+
+impl Snapshot {
+    /// storedVersions lists nothing but the storage version.
+    pub fn up_to_date(&self) -> bool {
+        match &self.storage {
+            Some(s) => self.stored.iter().all(|v| v == s),
+            None => true,
+        }
+    }
+
+    /// What must stay the same for the settle time before a migration begins: the CRD object,
+    /// its spec (generation), its storage version and its storedVersions.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            uid: self.uid.clone(),
+            generation: self.generation,
+            storage: self.storage.clone(),
+            stored: self.stored.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprint {
+    uid: String,
+    generation: i64,
+    storage: Option<String>,
+    stored: Vec<String>,
+}
+
+/// Since when a CRD has looked the same (in memory only: a restart restarts the settle time,
+/// which can only delay a migration).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub fingerprint: Fingerprint,
+    pub since: Instant,
+}
+
+impl Seen {
+    pub fn observe(previous: Option<&Seen>, crd: &Snapshot, now: Instant) -> Seen {
+        let fingerprint = crd.fingerprint();
+        match previous {
+            Some(p) if p.fingerprint == fingerprint => p.clone(),
+            _ => Seen {
+                fingerprint,
+                since: now,
+            },
+        }
+    }
+}
+
+/// How the objects are rewritten.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// A StorageVersionMigration, run by kube-controller-manager's migrator, which also prunes
+    /// storedVersions when it succeeds: we only verify.
+    Svm,
+    /// We rewrite every object ourselves, then prune.
+    Rewrite,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Svm => "svm",
+            Method::Rewrite => "rewrite",
+        }
+    }
+}
+
+/// Where a recorded migration stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Running,
+    Succeeded,
+    Failed,
+    /// Given up because the CRD changed under it (a rewrite we stopped); never pruned on.
+    Abandoned,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Running => "running",
+            Phase::Succeeded => "succeeded",
+            Phase::Failed => "failed",
+            Phase::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// One migration of a CRD's objects, as recorded before it began.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migration {
+    /// Never used for another migration (see [`super::names`]).
+    pub name: String,
+    pub sequence: u64,
+    pub method: Method,
+    /// The storage version it migrates to.
+    pub storage: String,
+    /// The CRD's generation when it began.
+    pub generation: i64,
+    /// storedVersions when it began.
+    pub stored: Vec<String>,
+    pub phase: Phase,
+    /// Why it failed or was abandoned.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl Migration {
+    /// The CRD is still what this migration was begun for: the same generation and storage
+    /// version, and no version in storedVersions that was not there when it began. Only then
+    /// can its success justify a prune (I7).
+    pub fn covers(&self, crd: &Snapshot) -> bool {
+        let began: BTreeSet<&str> = self.stored.iter().map(String::as_str).collect();
+        crd.generation == self.generation
+            && crd.storage.as_deref() == Some(self.storage.as_str())
+            && crd
+                .stored
+                .iter()
+                .all(|v| began.contains(v.as_str()) || *v == self.storage)
+    }
+}
+
+/// What we recorded about one CRD (a value of the state ConfigMap).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The CRD object (uid) the record is about: a CRD deleted and created again is a new one.
+    pub uid: String,
+    /// The highest migration number used for this CRD object.
+    pub sequence: u64,
+    /// The last migration begun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<Migration>,
+}
+
+impl Record {
+    /// The record as it applies to `crd` (a record of another uid is none).
+    pub fn of<'a>(record: Option<&'a Record>, crd: &Snapshot) -> Option<&'a Record> {
+        record.filter(|r| r.uid == crd.uid)
+    }
+
+    /// The record once migration `name` (number `sequence`) of `crd` by `method` has begun.
+    pub fn begin(crd: &Snapshot, name: &str, sequence: u64, method: Method) -> Option<Record> {
+        let storage = crd.storage.clone()?;
+        Some(Record {
+            uid: crd.uid.clone(),
+            sequence,
+            migration: Some(Migration {
+                name: name.to_string(),
+                sequence,
+                method,
+                storage,
+                generation: crd.generation,
+                stored: crd.stored.clone(),
+                phase: Phase::Running,
+                message: String::new(),
+            }),
+        })
+    }
+}
+
+/// What to do about one CRD now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Not Established, being deleted, or no single storage version: nothing is ours to do.
+    NotReady,
+    /// storedVersions lists only the storage version.
+    UpToDate,
+    /// A migration is needed, once the CRD has looked the same for the settle time.
+    Settle { remaining: Duration },
+    /// Begin migration number `sequence` (record it first, then start it).
+    Start { sequence: u64, method: Method },
+    /// Our migration is running: keep it going (a rewrite this term did not start is resumed),
+    /// or follow it (a StorageVersionMigration).
+    Run,
+    /// Our rewrite is running for a CRD that changed under it: stop it and record it abandoned;
+    /// a new migration follows after the settle time.
+    Abandon { reason: String },
+    /// Our rewrite succeeded and still covers the CRD: set storedVersions to `[storage]`, on the
+    /// resourceVersion this decision was made on.
+    Prune { storage: String },
+    /// Our StorageVersionMigration succeeded: kube-controller-manager's migrator prunes; we wait
+    /// and verify, and never write storedVersions ourselves.
+    AwaitPrune,
+    /// Our migration for this very need failed: not retried until the CRD changes.
+    Failed,
+    /// A migration is needed but neither way is available (`--crd-migrate-method=svm` on a
+    /// cluster that serves no StorageVersionMigration API).
+    NoMethod,
+}
+
+impl Decision {
+    /// The label of the `crds` gauge.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Decision::NotReady => "not_ready",
+            Decision::UpToDate => "up_to_date",
+            Decision::Settle { .. } => "settling",
+            Decision::Start { .. } | Decision::Run | Decision::Abandon { .. } => "migrating",
+            Decision::Prune { .. } | Decision::AwaitPrune => "prune_pending",
+            Decision::Failed => "failed",
+            Decision::NoMethod => "no_method",
+        }
+    }
+}
+
+/// The decision for `crd`, given our `record` of it, since when it has looked the same
+/// (`seen`, from [`Seen::observe`]), the way migrations can be made now (`method`, None: none),
+/// the settle time and the highest migration number already used for it elsewhere
+/// (`highest_elsewhere`: our StorageVersionMigrations of it, so that a lost record never makes a
+/// name be used twice).
+pub fn decide(
+    crd: &Snapshot,
+    record: Option<&Record>,
+    seen: &Seen,
+    now: Instant,
+    settle: Duration,
+    method: Option<Method>,
+    highest_elsewhere: u64,
+) -> Decision {
+    let record = Record::of(record, crd);
+    let migration = record.and_then(|r| r.migration.as_ref());
+    // I8: while one of ours runs, nothing else begins. This comes before the readiness checks:
+    // a rewrite of a CRD being deleted or changed is stopped, not left running.
+    if let Some(m) = migration.filter(|m| m.phase == Phase::Running) {
+        let covers = m.covers(crd) && !crd.terminating;
+        return match (m.method, covers) {
+            (_, true) => Decision::Run,
+            (Method::Rewrite, false) => Decision::Abandon {
+                reason: abandon_reason(m, crd),
+            },
+            // kube-controller-manager runs it to its end; it checks the generation itself before
+            // it prunes, and so do we (nothing is pruned on a migration that no longer covers).
+            (Method::Svm, false) => Decision::Run,
+        };
+    }
+    let Some(storage) = crd.storage.as_deref() else {
+        return Decision::NotReady;
+    };
+    if !crd.established || crd.terminating {
+        return Decision::NotReady;
+    }
+    if crd.up_to_date() {
+        return Decision::UpToDate;
+    }
+    if let Some(m) = migration.filter(|m| m.covers(crd)) {
+        match (m.phase, m.method) {
+            (Phase::Succeeded, Method::Rewrite) => {
+                return Decision::Prune {
+                    storage: storage.to_string(),
+                }
+            }
+            (Phase::Succeeded, Method::Svm) => return Decision::AwaitPrune,
+            (Phase::Failed, _) => return Decision::Failed,
+            (Phase::Running, _) | (Phase::Abandoned, _) => {}
+        }
+    }
+    let Some(method) = method else {
+        return Decision::NoMethod;
+    };
+    let held = now.saturating_duration_since(seen.since);
+    if seen.fingerprint != crd.fingerprint() || held < settle {
+        let remaining = if seen.fingerprint == crd.fingerprint() {
+            settle - held
+        } else {
+            settle
+        };
+        return Decision::Settle { remaining };
+    }
+    let sequence = record
+        .map(|r| r.sequence)
+        .unwrap_or(0)
+        .max(highest_elsewhere)
+        .saturating_add(1);
+    Decision::Start { sequence, method }
+}
+
+fn abandon_reason(m: &Migration, crd: &Snapshot) -> String {
+    if crd.terminating {
+        return "the CustomResourceDefinition is being deleted".to_string();
+    }
+    if crd.storage.as_deref() != Some(m.storage.as_str()) {
+        return format!(
+            "the storage version changed from {} to {}",
+            m.storage,
+            crd.storage.as_deref().unwrap_or("none")
+        );
+    }
+    if crd.generation != m.generation {
+        return format!(
+            "the generation changed from {} to {}",
+            m.generation, crd.generation
+        );
+    }
+    "a version joined storedVersions".to_string()
+}
+
+/// The storedVersions a prune writes, and whether it may be written on `crd` as it is now: the
+/// decision is made again on the copy read right before the write, whose resourceVersion the
+/// write carries, so a change in between makes the write fail instead of losing a version.
+pub fn pruned(crd: &Snapshot, record: Option<&Record>) -> Option<Vec<String>> {
+    let m = Record::of(record, crd)?.migration.as_ref()?;
+    let ok = m.phase == Phase::Succeeded
+        && m.method == Method::Rewrite
+        && m.covers(crd)
+        && crd.established
+        && !crd.terminating
+        && !crd.up_to_date();
+    ok.then(|| vec![m.storage.clone()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SETTLE: Duration = Duration::from_secs(60);
+
+    fn crd(storage: &str, stored: &[&str], generation: i64) -> Snapshot {
+        Snapshot {
+            name: "widgets.example.com".into(),
+            uid: "u1".into(),
+            generation,
+            resource_version: "10".into(),
+            established: true,
+            terminating: false,
+            storage: Some(storage.into()),
+            served: vec!["v1beta1".into(), "v1".into()],
+            stored: stored.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Folds `crd` into `seen` and decides.
+    fn step(
+        c: &Snapshot,
+        r: Option<&Record>,
+        seen: &mut Option<Seen>,
+        now: Instant,
+        method: Option<Method>,
+    ) -> Decision {
+        let s = Seen::observe(seen.as_ref(), c, now);
+        let d = decide(c, r, &s, now, SETTLE, method, 0);
+        *seen = Some(s);
+        d
+    }
+
+    fn finish(r: &mut Record, phase: Phase) {
+        if let Some(m) = r.migration.as_mut() {
+            m.phase = phase;
+        }
+    }
+
+    #[test]
+    fn nothing_to_do_for_up_to_date_unready_or_storage_less_crds() {
+        let t0 = Instant::now();
+        let mut seen = None;
+        let c = crd("v1", &["v1"], 1);
+        assert_eq!(
+            step(&c, None, &mut seen, t0, Some(Method::Rewrite)),
+            Decision::UpToDate
+        );
+        let mut c2 = crd("v1", &["v1beta1", "v1"], 2);
+        c2.established = false;
+        assert_eq!(
+            step(&c2, None, &mut seen, t0, Some(Method::Rewrite)),
+            Decision::NotReady
+        );
+        c2.established = true;
+        c2.terminating = true;
+        assert_eq!(
+            step(&c2, None, &mut seen, t0, Some(Method::Rewrite)),
+            Decision::NotReady
+        );
+        c2.terminating = false;
+        c2.storage = None;
+        assert_eq!(
+            step(&c2, None, &mut seen, t0, Some(Method::Rewrite)),
+            Decision::NotReady
+        );
+    }
+
+    #[test]
+    fn a_migration_begins_only_after_the_crd_held_still_for_the_settle_time() {
+        let t0 = Instant::now();
+        let mut seen = None;
+        let c = crd("v1", &["v1beta1", "v1"], 2);
+        assert_eq!(
+            step(&c, None, &mut seen, t0, Some(Method::Rewrite)),
+            Decision::Settle { remaining: SETTLE }
+        );
+        let t1 = t0 + Duration::from_secs(59);
+        assert_eq!(
+            step(&c, None, &mut seen, t1, Some(Method::Rewrite)),
+            Decision::Settle {
+                remaining: Duration::from_secs(1)
+            }
+        );
+        // A change restarts the clock.
+        let c3 = crd("v1", &["v1beta1", "v1"], 3);
+        assert_eq!(
+            step(&c3, None, &mut seen, t1, Some(Method::Rewrite)),
+            Decision::Settle { remaining: SETTLE }
+        );
+        assert!(matches!(
+            step(
+                &c3,
+                None,
+                &mut seen,
+                t1 + SETTLE - Duration::from_millis(1),
+                Some(Method::Rewrite)
+            ),
+            Decision::Settle { .. }
+        ));
+        assert_eq!(
+            step(&c3, None, &mut seen, t1 + SETTLE, Some(Method::Rewrite)),
+            Decision::Start {
+                sequence: 1,
+                method: Method::Rewrite
+            }
+        );
+        assert_eq!(
+            step(&c3, None, &mut seen, t1 + SETTLE, Some(Method::Svm)),
+            Decision::Start {
+                sequence: 1,
+                method: Method::Svm
+            }
+        );
+        assert_eq!(
+            step(&c3, None, &mut seen, t1 + SETTLE, None),
+            Decision::NoMethod
+        );
+    }
+
+    #[test]
+    fn a_rewrite_that_succeeded_and_still_covers_the_crd_prunes_to_the_storage_version() {
+        let t0 = Instant::now();
+        let c = crd("v1", &["v1beta1", "v1"], 2);
+        let mut r = Record::begin(&c, "m-1", 1, Method::Rewrite).expect("storage");
+        let mut seen = None;
+        assert_eq!(
+            step(&c, Some(&r), &mut seen, t0, Some(Method::Rewrite)),
+            Decision::Run
+        );
+        assert_eq!(pruned(&c, Some(&r)), None, "not before it succeeded");
+        finish(&mut r, Phase::Succeeded);
+        assert_eq!(
+            step(&c, Some(&r), &mut seen, t0, Some(Method::Rewrite)),
+            Decision::Prune {
+                storage: "v1".into()
+            }
+        );
+        assert_eq!(pruned(&c, Some(&r)), Some(vec!["v1".to_string()]));
+        // After the prune: up to date, nothing more.
+        let done = crd("v1", &["v1"], 2);
+        assert_eq!(
+            step(&done, Some(&r), &mut seen, t0, Some(Method::Rewrite)),
+            Decision::UpToDate
+        );
+        assert_eq!(pruned(&done, Some(&r)), None);
+    }
+
+    /// I7: a storage flip, a generation change, or a version joining storedVersions during the
+    /// migration: its success prunes nothing, and a new migration follows after the settle time.
+    #[test]
+    fn a_crd_changed_during_the_migration_is_never_pruned_on_it() {
+        let t0 = Instant::now();
+        let began = crd("v1", &["v1beta1", "v1"], 2);
+        let changes = [
+            ("storage flipped", crd("v2", &["v1beta1", "v1", "v2"], 3)),
+            (
+                "storage flipped back",
+                crd("v1beta1", &["v1beta1", "v1"], 3),
+            ),
+            ("generation", crd("v1", &["v1beta1", "v1"], 3)),
+            (
+                "version joined",
+                crd("v1", &["v1alpha1", "v1beta1", "v1"], 2),
+            ),
+        ];
+        for (what, now) in changes {
+            for method in [Method::Rewrite, Method::Svm] {
+                let mut r = Record::begin(&began, "m-1", 1, method).expect("storage");
+                let mut seen = None;
+                let d = step(&now, Some(&r), &mut seen, t0, Some(method));
+                match method {
+                    Method::Rewrite => {
+                        assert!(matches!(d, Decision::Abandon { .. }), "{what}: {d:?}")
+                    }
+                    Method::Svm => assert_eq!(d, Decision::Run, "{what}: waits for the SVM's end"),
+                }
+                // Whatever the migration's outcome, no prune on it.
+                for phase in [Phase::Succeeded, Phase::Failed, Phase::Abandoned] {
+                    finish(&mut r, phase);
+                    assert_eq!(pruned(&now, Some(&r)), None, "{what} {phase:?}");
+                    let d = step(&now, Some(&r), &mut seen, t0, Some(method));
+                    assert!(
+                        !matches!(
+                            d,
+                            Decision::Prune { .. } | Decision::AwaitPrune | Decision::Failed
+                        ),
+                        "{what} {phase:?}: {d:?}"
+                    );
+                    if now.up_to_date() {
+                        continue;
+                    }
+                    assert!(matches!(d, Decision::Settle { .. }), "{what}: {d:?}");
+                    assert_eq!(
+                        step(&now, Some(&r), &mut seen, t0 + SETTLE, Some(method)),
+                        Decision::Start {
+                            sequence: 2,
+                            method
+                        },
+                        "{what}: the next migration has the next number"
+                    );
+                }
+            }
+        }
+    }
+
+    /// I8: one migration at a time: while ours runs, however long, nothing else begins, also
+    /// after the CRD changed (the running one is stopped or waited for first).
+    #[test]
+    fn nothing_begins_while_one_of_ours_runs() {
+        let t0 = Instant::now();
+        let began = crd("v1", &["v1beta1", "v1"], 2);
+        for method in [Method::Rewrite, Method::Svm] {
+            let r = Record::begin(&began, "m-1", 1, method).expect("storage");
+            let mut seen = None;
+            for (i, c) in [began.clone(), crd("v2", &["v1beta1", "v1", "v2"], 3)]
+                .iter()
+                .enumerate()
+            {
+                for k in 0..5u64 {
+                    let now = t0 + SETTLE * (k as u32 + 1) * 10;
+                    let d = step(c, Some(&r), &mut seen, now, Some(method));
+                    assert!(
+                        !matches!(d, Decision::Start { .. }),
+                        "{method:?} change {i} after {k}: {d:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kube_controller_manager_pruning_first_leaves_us_nothing_to_do() {
+        let t0 = Instant::now();
+        let began = crd("v1", &["v1beta1", "v1"], 2);
+        for method in [Method::Rewrite, Method::Svm] {
+            let mut r = Record::begin(&began, "m-1", 1, method).expect("storage");
+            // Pruned (status only: the generation stays) while ours still runs, or after.
+            let pruned_by_kcm = crd("v1", &["v1"], 2);
+            let mut seen = None;
+            assert_eq!(
+                step(&pruned_by_kcm, Some(&r), &mut seen, t0, Some(method)),
+                Decision::Run
+            );
+            finish(&mut r, Phase::Succeeded);
+            assert_eq!(
+                step(&pruned_by_kcm, Some(&r), &mut seen, t0, Some(method)),
+                Decision::UpToDate
+            );
+            assert_eq!(pruned(&pruned_by_kcm, Some(&r)), None);
+        }
+        // Ours was a StorageVersionMigration: we wait for kube-controller-manager's prune and
+        // never write storedVersions ourselves.
+        let mut r = Record::begin(&began, "m-1", 1, Method::Svm).expect("storage");
+        finish(&mut r, Phase::Succeeded);
+        let mut seen = None;
+        assert_eq!(
+            step(&began, Some(&r), &mut seen, t0, Some(Method::Svm)),
+            Decision::AwaitPrune
+        );
+        assert_eq!(pruned(&began, Some(&r)), None);
+    }
+
+    #[test]
+    fn a_deleted_or_recreated_crd_stops_the_rewrite_and_starts_afresh() {
+        let t0 = Instant::now();
+        let began = crd("v1", &["v1beta1", "v1"], 2);
+        let r = Record::begin(&began, "m-1", 1, Method::Rewrite).expect("storage");
+        let mut deleting = began.clone();
+        deleting.terminating = true;
+        let mut seen = None;
+        assert!(matches!(
+            step(&deleting, Some(&r), &mut seen, t0, Some(Method::Rewrite)),
+            Decision::Abandon { .. }
+        ));
+        // Created again under the same name: a new object, the old record does not apply.
+        let mut again = crd("v1", &["v1beta1", "v1"], 1);
+        again.uid = "u2".into();
+        let mut seen = None;
+        assert_eq!(
+            step(&again, Some(&r), &mut seen, t0, Some(Method::Rewrite)),
+            Decision::Settle { remaining: SETTLE }
+        );
+        assert_eq!(pruned(&again, Some(&r)), None);
+        let s = Seen::observe(seen.as_ref(), &again, t0 + SETTLE);
+        assert_eq!(
+            decide(
+                &again,
+                Some(&r),
+                &s,
+                t0 + SETTLE,
+                SETTLE,
+                Some(Method::Rewrite),
+                0
+            ),
+            Decision::Start {
+                sequence: 1,
+                method: Method::Rewrite
+            }
+        );
+    }
+
+    #[test]
+    fn a_failed_migration_is_not_retried_for_the_same_need_and_numbers_only_grow() {
+        let t0 = Instant::now();
+        let c = crd("v1", &["v1beta1", "v1"], 2);
+        let mut r = Record::begin(&c, "m-3", 3, Method::Rewrite).expect("storage");
+        finish(&mut r, Phase::Failed);
+        let mut seen = None;
+        for k in 0..3u32 {
+            assert_eq!(
+                step(
+                    &c,
+                    Some(&r),
+                    &mut seen,
+                    t0 + SETTLE * k * 10,
+                    Some(Method::Rewrite)
+                ),
+                Decision::Failed
+            );
+        }
+        // A new need (the generation moved): the next number, above ours and above any
+        // StorageVersionMigration of ours found for it.
+        let c2 = crd("v1", &["v1beta1", "v1"], 3);
+        let s = Seen {
+            fingerprint: c2.fingerprint(),
+            since: t0,
+        };
+        assert_eq!(
+            decide(
+                &c2,
+                Some(&r),
+                &s,
+                t0 + SETTLE,
+                SETTLE,
+                Some(Method::Rewrite),
+                0
+            ),
+            Decision::Start {
+                sequence: 4,
+                method: Method::Rewrite
+            }
+        );
+        assert_eq!(
+            decide(&c2, Some(&r), &s, t0 + SETTLE, SETTLE, Some(Method::Svm), 7),
+            Decision::Start {
+                sequence: 8,
+                method: Method::Svm
+            }
+        );
+    }
+
+    /// I7 over random interleavings: whatever happens to the CRD between a migration's start and
+    /// its success, a prune is allowed only if the CRD is still what the migration began on.
+    #[test]
+    fn prune_only_on_a_crd_unchanged_since_the_migration_began() {
+        let versions = ["v1alpha1", "v1beta1", "v1", "v2"];
+        let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng % n as u64) as usize
+        };
+        for _ in 0..2000 {
+            let pick = |next: &mut dyn FnMut(usize) -> usize| -> Snapshot {
+                let storage = versions[next(versions.len())];
+                let mut stored: Vec<&str> =
+                    versions.iter().copied().filter(|_| next(2) == 0).collect();
+                if !stored.contains(&storage) {
+                    stored.push(storage);
+                }
+                crd(storage, &stored, 1 + next(3) as i64)
+            };
+            let began = pick(&mut next);
+            let now = pick(&mut next);
+            let mut r = Record::begin(&began, "m", 1, Method::Rewrite).expect("storage");
+            finish(&mut r, Phase::Succeeded);
+            let allowed = pruned(&now, Some(&r)).is_some();
+            let unchanged = now.generation == began.generation
+                && now.storage == began.storage
+                && now.stored.iter().all(|v| began.stored.contains(v));
+            assert_eq!(
+                allowed,
+                unchanged && !now.up_to_date(),
+                "{began:?} -> {now:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn records_round_trip_as_json() {
+        let c = crd("v1", &["v1beta1", "v1"], 2);
+        let r = Record::begin(&c, "m-1", 1, Method::Svm).expect("storage");
+        let text = serde_json::to_string(&r).expect("json");
+        assert!(
+            text.contains("\"method\":\"svm\"") && text.contains("\"phase\":\"running\""),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<Record>(&text).expect("parse"), r);
+    }
+}

@@ -1,0 +1,105 @@
+//! Where the CRD migrator records each CRD's last migration across restarts and leaders: one
+//! ConfigMap (default `storageversion-webhook-crd`, in the leader Lease's namespace) whose data
+//! maps each CRD name (a valid ConfigMap key) to its [`Record`] as JSON. Only the leader writes
+//! it, the whole map at once, with server-side apply. A CRD that is gone loses its key at the
+//! next write, so the map holds at most one record (a few hundred bytes) per existing CRD.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+
+pub use super::decide::Record;
+
+/// Field manager of the state ConfigMap writes.
+pub const FIELD_MANAGER: &str = "storageversion-webhook-crd";
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// CRD name -> its record.
+pub type Memory = BTreeMap<String, Record>;
+
+/// One value as a record; an unreadable value is no record (the CRD starts afresh, which can
+/// only begin a migration after the settle time, never prune).
+pub fn parse(value: &str) -> Option<Record> {
+    serde_json::from_str(value).ok()
+}
+
+pub fn data(memory: &Memory) -> BTreeMap<String, String> {
+    memory
+        .iter()
+        .filter_map(|(k, r)| Some((k.clone(), serde_json::to_string(r).ok()?)))
+        .collect()
+}
+
+/// Reads the memory; a missing ConfigMap is an empty memory.
+pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<Memory> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let got = tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name))
+        .await
+        .with_context(|| format!("reading ConfigMap {namespace}/{name} timed out"))?
+        .with_context(|| format!("cannot read ConfigMap {namespace}/{name}"))?;
+    Ok(got
+        .and_then(|cm| cm.data)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, parse(&v)?)))
+        .collect())
+}
+
+/// Writes the whole memory (creating the ConfigMap if needed); keys not in it are removed.
+pub async fn save(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    memory: &Memory,
+) -> anyhow::Result<()> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let (label, value) = crate::migrate::state::STATE_LABEL;
+    let cm = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {label: value},
+            "annotations": {
+                "storageversion-webhook.io/description":
+                    "CustomResourceDefinition name -> the last migration serve --crd-migrate \
+                     began for it (docs/crd.md)"
+            },
+        },
+        "data": data(memory),
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(&cm)))
+        .await
+        .with_context(|| format!("writing ConfigMap {namespace}/{name} timed out"))?
+        .with_context(|| format!("cannot write ConfigMap {namespace}/{name}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::decide::{Method, Snapshot};
+
+    #[test]
+    fn records_round_trip_and_garbage_is_no_record() {
+        let crd = Snapshot {
+            name: "widgets.example.com".into(),
+            uid: "u".into(),
+            generation: 2,
+            storage: Some("v1".into()),
+            stored: vec!["v1beta1".into(), "v1".into()],
+            ..Snapshot::default()
+        };
+        let r = Record::begin(&crd, "m", 1, Method::Rewrite).expect("storage");
+        let memory: Memory = [(crd.name.clone(), r.clone())].into_iter().collect();
+        let d = data(&memory);
+        assert_eq!(parse(&d["widgets.example.com"]), Some(r));
+        assert_eq!(parse("v1"), None);
+        assert_eq!(parse("{\"uid\": 3}"), None);
+    }
+}

@@ -1,0 +1,761 @@
+//! `serve --crd-migrate` against a real control plane: a CRD whose objects are stored in
+//! v1beta1 has its storage version flipped to v1; the migrator writes every object again, so
+//! etcd holds each as v1 (read with etcdctl), and storedVersions becomes `[v1]`, after which
+//! removing v1beta1 from spec.versions succeeds (it failed before). Twice: with our own rewrite
+//! (we prune), and with a StorageVersionMigration run by kube-controller-manager's migrator
+//! (it prunes; we only verify, and never write storedVersions).
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use storageversion_webhook::crd::decide::{Method, Phase};
+use storageversion_webhook::crd::types::Crd;
+use storageversion_webhook::migrate::svm::{self, StorageVersionMigration};
+use support::gc::kcm_start;
+use support::migrate::{stored_versions, NAMESPACE};
+use support::{metric_sum, poll_until, serial, Certs, ControlPlane, Webhook};
+
+const CRD: &str = "widgets.example.com";
+const GROUP: &str = "example.com";
+const PREFIX: &str = "/registry/example.com/widgets/";
+/// How many Widgets the test stores.
+const OBJECTS: usize = 500;
+const STATE_CONFIGMAP: &str = "storageversion-webhook-crd";
+/// The migrator controller needs the garbage collector's dependency graph.
+const KCM_MIGRATOR: &str =
+    "--controllers=storage-version-migrator-controller,garbage-collector-controller";
+
+fn version(name: &str, storage: bool) -> serde_json::Value {
+    serde_json::json!({
+        "name": name, "served": true, "storage": storage,
+        "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+    })
+}
+
+fn crd(versions: Vec<serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": versions,
+        },
+    })
+}
+
+fn widgets(cp: &ControlPlane, version: &str) -> Api<DynamicObject> {
+    let ar = kube::api::ApiResource {
+        group: GROUP.into(),
+        version: version.into(),
+        api_version: format!("{GROUP}/{version}"),
+        kind: "Widget".into(),
+        plural: "widgets".into(),
+    };
+    Api::namespaced_with(cp.client.clone(), "default", &ar)
+}
+
+/// The CRD; a failed GET (the apiserver busy on this 2-core machine) is asked again, for up to
+/// 30 s.
+async fn get_crd(cp: &ControlPlane) -> Crd {
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    let got = std::sync::Mutex::new(None);
+    poll_until(Duration::from_secs(30), "a GET of the CRD", || async {
+        match api.get(CRD).await {
+            Ok(c) => {
+                *got.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                true
+            }
+            Err(e) => {
+                eprintln!("get the CRD: {e}; asking again");
+                false
+            }
+        }
+    })
+    .await
+    .expect("get the CRD");
+    got.into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .expect("the CRD")
+}
+
+async fn replace_versions(
+    cp: &ControlPlane,
+    versions: Vec<serde_json::Value>,
+) -> Result<Crd, kube::Error> {
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    let patch = serde_json::json!({"spec": {"versions": versions}});
+    api.patch(CRD, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// The apiVersion of every Widget in etcd, counted.
+fn stored_counts(cp: &ControlPlane) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for v in stored_versions(cp, PREFIX).values() {
+        *counts.entry(v.clone()).or_default() += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_version_flip_is_finished_by_our_own_rewrite() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    flip_and_migrate(&cp, Method::Rewrite, OBJECTS).await;
+}
+
+/// Kubernetes 1.37 serves storagemigration.k8s.io/v1: `auto` creates a StorageVersionMigration,
+/// kube-controller-manager's storage-version-migrator rewrites the objects and prunes
+/// storedVersions itself (its `StorageMigrating` condition says so); we write no storedVersions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storage_version_flip_is_finished_by_kube_controller_managers_migrator() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    kcm_start(&cp, &[KCM_MIGRATOR]);
+    flip_and_migrate(&cp, Method::Svm, 50).await;
+}
+
+/// Creates the CRD (v1beta1 storage, v1 served) and `objects` Widgets, stored as v1beta1.
+async fn create_widgets(cp: &ControlPlane, objects: usize) {
+    // Created whole (our Crd type drops the schemas on decoding).
+    let ar = kube::api::ApiResource {
+        group: "apiextensions.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "apiextensions.k8s.io/v1".into(),
+        kind: "CustomResourceDefinition".into(),
+        plural: "customresourcedefinitions".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(cp.client.clone(), &ar);
+    let created: DynamicObject =
+        serde_json::from_value(crd(vec![version("v1beta1", true), version("v1", false)]))
+            .expect("crd");
+    api.create(&PostParams::default(), &created)
+        .await
+        .expect("create the CRD");
+    poll_until(
+        Duration::from_secs(60),
+        "the CRD to be Established",
+        || async { get_crd(cp).await.snapshot().established },
+    )
+    .await
+    .expect("established");
+    // The objects, stored as v1beta1 (8 creates at a time).
+    let w = widgets(cp, "v1beta1");
+    let started = std::time::Instant::now();
+    futures::stream::iter(0..objects)
+        .map(|i| {
+            let w = w.clone();
+            async move {
+                let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+                    "apiVersion": "example.com/v1beta1", "kind": "Widget",
+                    "metadata": {"name": format!("w-{i:04}")},
+                    "spec": {"size": i},
+                }))
+                .expect("widget");
+                // Established can come a moment before the resource is served on every path.
+                for _ in 0..50 {
+                    match w.create(&PostParams::default(), &obj).await {
+                        Ok(_) => return,
+                        Err(kube::Error::Api(s)) if s.code == 404 => {
+                            tokio::task::yield_now().await;
+                        }
+                        Err(e) => panic!("create widget {i}: {e}"),
+                    }
+                }
+                panic!("widget {i}: the resource was never served");
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<()>>()
+        .await;
+    eprintln!("created {objects} widgets in {:?}", started.elapsed());
+    assert_eq!(
+        stored_counts(cp),
+        [("example.com/v1beta1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+}
+
+async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
+    create_widgets(cp, objects).await;
+    // Flip the storage version: storedVersions now lists both.
+    replace_versions(cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    poll_until(
+        Duration::from_secs(30),
+        "storedVersions [v1beta1, v1]",
+        || async { get_crd(cp).await.status.stored_versions == ["v1beta1", "v1"] },
+    )
+    .await
+    .expect("storedVersions after the flip");
+    // v1beta1 cannot be dropped yet: it is still in storedVersions.
+    let refused = replace_versions(cp, vec![version("v1", true)]).await;
+    let text = match &refused {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        refused.is_err() && text.contains("storedVersions"),
+        "dropping v1beta1 before the migration: {text}"
+    );
+
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=2s",
+            "--crd-migrate-interval=300ms",
+            &format!(
+                "--crd-migrate-method={}",
+                if method == Method::Rewrite {
+                    "rewrite"
+                } else {
+                    "auto"
+                }
+            ),
+            "--crd-migrate-rate=1000",
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    let flipped = std::time::Instant::now();
+    poll_until(Duration::from_secs(180), "storedVersions [v1]", || async {
+        get_crd(cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    eprintln!("pruned {:?} after the webhook started", flipped.elapsed());
+
+    // Every object was written again, in v1; the prune came after.
+    assert_eq!(
+        stored_counts(cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+    let metrics = hook.metrics().await;
+    let m = |name: &str, labels: &[&str]| {
+        metric_sum(
+            &metrics,
+            &format!("storageversion_webhook_crd_migration_{name}"),
+            labels,
+        )
+    };
+    let (rewritten, pruned) = match method {
+        Method::Rewrite => (objects as f64, 1.0),
+        // kube-controller-manager did both.
+        Method::Svm => (0.0, 0.0),
+    };
+    let label = format!("method=\"{}\"", method.as_str());
+    assert_eq!(
+        m("objects_total", &["result=\"rewritten\""]),
+        rewritten,
+        "{metrics}"
+    );
+    assert_eq!(m("prunes_total", &[]), pruned, "{metrics}");
+    assert_eq!(m("started_total", &[&label]), 1.0, "{metrics}");
+    if method == Method::Svm {
+        // Our migration, named as recorded, and succeeded.
+        let svms: Api<StorageVersionMigration> = Api::all(cp.client.clone());
+        let ours = svms
+            .list(&kube::api::ListParams::default().labels(&format!(
+                "{}={}",
+                svm::MANAGED_BY_LABEL,
+                storageversion_webhook::crd::migrator::MANAGED_BY_VALUE
+            )))
+            .await
+            .expect("list migrations")
+            .items;
+        assert_eq!(ours.len(), 1, "{ours:?}");
+        assert_eq!(ours[0].phase(), svm::Phase::Succeeded);
+        poll_until(
+            Duration::from_secs(30),
+            "our record of the SVM's success",
+            || async { record(cp).await.migration.map(|m| m.phase) == Some(Phase::Succeeded) },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+        assert_eq!(
+            record(cp).await.migration.map(|m| m.name),
+            ours[0].metadata.name.clone()
+        );
+    }
+    assert_eq!(
+        metric_sum(
+            &hook.metrics().await,
+            "storageversion_webhook_crd_migration_outcomes_total",
+            &[&label, "result=\"succeeded\""]
+        ),
+        1.0
+    );
+    // The record names the migration and its outcome.
+    let migration = record(cp).await.migration.expect("its migration");
+    assert_eq!(migration.method, method);
+    assert_eq!(
+        (
+            migration.phase,
+            migration.storage.as_str(),
+            migration.sequence
+        ),
+        (Phase::Succeeded, "v1", 1)
+    );
+    assert!(
+        migration.name.starts_with("widgets.example.com-"),
+        "{}",
+        migration.name
+    );
+
+    // Now v1beta1 can go.
+    replace_versions(cp, vec![version("v1", true)])
+        .await
+        .expect("drop v1beta1 after the migration");
+    // And nothing more happens: the CRD is up to date.
+    let passes = metric_sum(
+        &hook.metrics().await,
+        "storageversion_webhook_crd_migration_checks_total",
+        &[],
+    );
+    poll_until(Duration::from_secs(30), "two more passes", || async {
+        metric_sum(
+            &hook.metrics().await,
+            "storageversion_webhook_crd_migration_checks_total",
+            &[],
+        ) >= passes + 2.0
+    })
+    .await
+    .expect("passes");
+    let metrics = hook.metrics().await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "storageversion_webhook_crd_migration_started_total",
+            &[]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "storageversion_webhook_crd_migration_crds",
+            &["state=\"up_to_date\""]
+        ),
+        1.0
+    );
+}
+
+/// Our record of the CRD in the state ConfigMap.
+async fn record(cp: &ControlPlane) -> storageversion_webhook::crd::decide::Record {
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cp.client.clone(), NAMESPACE);
+    let cm = cms.get(STATE_CONFIGMAP).await.expect("state ConfigMap");
+    cm.data
+        .unwrap_or_default()
+        .get(CRD)
+        .and_then(|v| storageversion_webhook::crd::state::parse(v))
+        .expect("a record of the CRD")
+}
+
+fn crd_metric(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metric_sum(
+        metrics,
+        &format!("storageversion_webhook_crd_migration_{name}"),
+        labels,
+    )
+}
+
+async fn wait_metric(hook: &Webhook, what: &str, name: &str, labels: &[&str], at_least: f64) {
+    poll_until(Duration::from_secs(120), what, || async {
+        crd_metric(&hook.metrics().await, name, labels) >= at_least
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+}
+
+/// I7 and the deleted CRD on real components: a generation change in the middle of our rewrite
+/// stops it (abandoned, no prune on it) and a second migration, begun after the settle time,
+/// prunes; a storage flip back starts a third, and the CRD deleted in its middle leaves no
+/// record, no running rewrite, and a webhook that is still ready and calm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_changed_or_deleted_during_the_rewrite() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let objects = 300;
+    create_widgets(&cp, objects).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=1s",
+            "--crd-migrate-interval=300ms",
+            "--crd-migrate-method=rewrite",
+            // 300 objects take 15 s: time to change the CRD in the middle.
+            "--crd-migrate-rate=20",
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    wait_metric(
+        &hook,
+        "the rewrite to be under way",
+        "objects_total",
+        &[],
+        20.0,
+    )
+    .await;
+    // A generation change (a printer column) with the same storage version.
+    let mut v1 = version("v1", true);
+    v1["additionalPrinterColumns"] =
+        serde_json::json!([{"name": "Size", "type": "integer", "jsonPath": ".spec.size"}]);
+    let changed = replace_versions(&cp, vec![version("v1beta1", false), v1.clone()])
+        .await
+        .expect("change the CRD");
+    assert!(changed.metadata.generation.unwrap_or(0) >= 3);
+    wait_metric(
+        &hook,
+        "the first migration abandoned",
+        "outcomes_total",
+        &["result=\"abandoned\""],
+        1.0,
+    )
+    .await;
+    let metrics = hook.metrics().await;
+    assert_eq!(
+        crd_metric(&metrics, "prunes_total", &[]),
+        0.0,
+        "no prune on it"
+    );
+    assert!(crd_metric(&metrics, "objects_total", &[]) < objects as f64);
+    // The second migration, begun after the settle time on the new generation, prunes.
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let m = record(&cp).await.migration.expect("the second migration");
+    assert_eq!(
+        (m.sequence, m.phase, m.generation),
+        (
+            2,
+            Phase::Succeeded,
+            changed.metadata.generation.unwrap_or(0)
+        )
+    );
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+    let metrics = hook.metrics().await;
+    assert_eq!(
+        crd_metric(&metrics, "prunes_total", &["result=\"pruned\""]),
+        1.0
+    );
+    assert_eq!(crd_metric(&metrics, "started_total", &[]), 2.0);
+
+    // The storage version back to v1beta1: a third migration; the CRD deleted in its middle.
+    let before = crd_metric(&metrics, "objects_total", &[]);
+    replace_versions(
+        &cp,
+        vec![version("v1beta1", true), {
+            let mut v = v1.clone();
+            v["storage"] = serde_json::json!(false);
+            v
+        }],
+    )
+    .await
+    .expect("flip back");
+    wait_metric(
+        &hook,
+        "the third rewrite under way",
+        "objects_total",
+        &[],
+        before + 20.0,
+    )
+    .await;
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    api.delete(CRD, &Default::default())
+        .await
+        .expect("delete the CRD");
+    poll_until(Duration::from_secs(120), "the CRD gone", || async {
+        api.get_opt(CRD).await.ok().flatten().is_none()
+    })
+    .await
+    .expect("CRD deleted");
+    poll_until(
+        Duration::from_secs(60),
+        "its record gone, no rewrite running",
+        || async {
+            let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+                Api::namespaced(cp.client.clone(), NAMESPACE);
+            let gone = cms
+                .get(STATE_CONFIGMAP)
+                .await
+                .ok()
+                .and_then(|cm| cm.data)
+                .is_none_or(|d| !d.contains_key(CRD));
+            gone && crd_metric(&hook.metrics().await, "running", &[]) == 0.0
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    hook.wait_ready(Duration::from_secs(10)).await;
+    let metrics = hook.metrics().await;
+    assert_eq!(crd_metric(&metrics, "started_total", &[]), 3.0);
+    assert_eq!(crd_metric(&metrics, "prunes_total", &[]), 1.0);
+    let logs = hook.logs_text();
+    assert!(!logs.contains("panicked"), "{logs}");
+}
+
+/// I8 across leaders: the leader killed in the middle of its rewrite; the other replica takes
+/// the leader Lease, resumes the recorded migration under the same name (it begins none of its
+/// own), finishes it and prunes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let objects = 300;
+    create_widgets(&cp, objects).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let flags = [
+        "--crd-migrate",
+        "--crd-migrate-settle=1s",
+        "--crd-migrate-interval=300ms",
+        "--crd-migrate-method=rewrite",
+        "--crd-migrate-rate=20",
+        &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+        "--gc-leader-lease-name=svw-crd-test",
+        "--gc-leader-lease-duration=6s",
+        "--gc-leader-lease-grace=2s",
+    ];
+    let mut replicas = [
+        Webhook::start(&cp, &certs, &flags).await,
+        Webhook::start(&cp, &certs, &flags).await,
+    ];
+    let leader = std::sync::Mutex::new(None);
+    poll_until(Duration::from_secs(60), "a leader under way", || async {
+        for (i, r) in replicas.iter().enumerate() {
+            let m = r.metrics().await;
+            if support::migrate::leads(&m) && crd_metric(&m, "objects_total", &[]) >= 20.0 {
+                *leader.lock().unwrap_or_else(|e| e.into_inner()) = Some(i);
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("leader");
+    let leader = leader
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .expect("leader index");
+    let begun = record(&cp).await.migration.expect("recorded");
+    assert_eq!((begun.sequence, begun.phase), (1, Phase::Running));
+    replicas[leader].kill();
+    let other = &replicas[1 - leader];
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", other.logs_text()));
+    let done = record(&cp).await.migration.expect("recorded");
+    assert_eq!(
+        (done.name.as_str(), done.sequence, done.phase),
+        (begun.name.as_str(), 1, Phase::Succeeded)
+    );
+    let metrics = other.metrics().await;
+    assert_eq!(
+        crd_metric(&metrics, "started_total", &[]),
+        0.0,
+        "it began none of its own"
+    );
+    assert_eq!(
+        crd_metric(&metrics, "prunes_total", &["result=\"pruned\""]),
+        1.0
+    );
+    assert!(other.logs_text().contains("resuming the CRD rewrite"));
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+}
+
+/// A control plane without the StorageVersion API (the gate off and the API group not served,
+/// as on most clusters): `serve` starts, becomes ready, migrates CRDs all the same, and says once
+/// (a log line, `gc_storageversion_api_missing 1`) that built-in storage versions are not
+/// visible, with no error loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_the_storageversion_api_migrates_crds() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up_with_env(
+        &[],
+        &[(
+            "SVW_APISERVER_EXTRA_ARGS",
+            "--feature-gates=StorageVersionAPI=false --runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
+        )],
+    )
+    .await;
+    let svs = support::storage_versions(&cp)
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(&svs, Err(kube::Error::Api(s)) if s.code == 404),
+        "the StorageVersion API is not served: {svs:?}"
+    );
+    create_widgets(&cp, 50).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=1s",
+            "--crd-migrate-interval=300ms",
+            "--crd-migrate-method=rewrite",
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), 50)].into_iter().collect()
+    );
+    hook.wait_ready(Duration::from_secs(10)).await;
+    // Said once, and no error loop: the collector's retries of the list are quiet.
+    poll_until(
+        Duration::from_secs(30),
+        "the missing API in the metrics",
+        || async {
+            metric_sum(
+                &hook.metrics().await,
+                "storageversion_webhook_gc_storageversion_api_missing",
+                &[],
+            ) == 1.0
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let logs = hook.logs_text();
+    assert_eq!(
+        logs.matches("is not served: built-in storage versions")
+            .count(),
+        1,
+        "{logs}"
+    );
+    assert!(!logs.contains("StorageVersion watch failed"), "{logs}");
+    assert_eq!(
+        metric_sum(
+            &hook.metrics().await,
+            "storageversion_webhook_gc_errors_total",
+            &["operation=\"watch_storage_versions\""]
+        ),
+        0.0
+    );
+}
+
+/// The scale run (a measurement, not a timed test; `cargo test --test e2e_crd scale --
+/// --ignored --nocapture`): `SVW_CRD_SCALE_OBJECTS` Widgets (default 10,000) rewritten at
+/// `SVW_CRD_SCALE_RATE` per second (default 1000); prints the time, the API calls per object
+/// and the webhook's peak resident memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: minutes and a loaded machine"]
+async fn scale_many_objects_of_one_crd() {
+    let _serial = serial().await;
+    let env_num = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let objects = env_num("SVW_CRD_SCALE_OBJECTS", 10_000);
+    let rate = env_num("SVW_CRD_SCALE_RATE", 1000);
+    let cp = ControlPlane::up().await;
+    create_widgets(&cp, objects).await;
+    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &[
+            "--crd-migrate",
+            "--crd-migrate-settle=1s",
+            "--crd-migrate-interval=1s",
+            "--crd-migrate-method=rewrite",
+            &format!("--crd-migrate-rate={rate}"),
+            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
+            "--gc-leader-lease-name=svw-crd-test",
+            "--gc-leader-lease-duration=6s",
+            "--gc-leader-lease-grace=2s",
+        ],
+    )
+    .await;
+    let started = std::time::Instant::now();
+    poll_until(Duration::from_secs(1800), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let took = started.elapsed();
+    let peak_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", hook.child.id()))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let metrics = hook.metrics().await;
+    let puts = crd_metric(&metrics, "objects_total", &[]);
+    let lists = objects.div_ceil(storageversion_webhook::crd::rewrite::PAGE as usize);
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), objects)]
+            .into_iter()
+            .collect()
+    );
+    eprintln!(
+        "scale: {objects} objects at {rate}/s: pruned {took:?} after the webhook started; \
+         {puts} PUTs + {lists} LISTs ({:.3} calls per object); at the default 50/s: {:.0} s; \
+         webhook peak RSS {} MiB",
+        (puts + lists as f64) / objects as f64,
+        objects as f64 / 50.0,
+        peak_kib / 1024
+    );
+}
