@@ -469,6 +469,9 @@ async fn lookup_errors_never_remove_entries() {
             "rules": [
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"]},
                 {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+                // The collector's journal, as the chart grants it: named from the leader Lease.
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "patch"], "resourceNames": ["svw-gc-rbac-journal"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
             ]
         }),
         serde_json::json!({
