@@ -621,6 +621,9 @@ fn default_render_is_hardened_and_least_privilege() {
                  "resourceNames": [format!("{FULLNAME}-gc")],
                  "verbs": ["get", "list", "watch", "patch"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["configmaps"],
+                 "resourceNames": [format!("{FULLNAME}-gc-journal")], "verbs": ["get", "patch"]},
+                {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
             ]),
         ),
         (
@@ -1078,7 +1081,8 @@ fn hooks_render_hardened_and_least_privilege() {
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
              "resourceNames": [format!("{FULLNAME}-gc")], "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["configmaps"],
-             "resourceNames": [format!("{FULLNAME}-migrate")], "verbs": ["get", "delete"]},
+             "resourceNames": [format!("{FULLNAME}-migrate"), format!("{FULLNAME}-gc-journal")],
+             "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["pods"],
              "resourceNames": [format!("{FULLNAME}-test")], "verbs": ["get", "delete"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
@@ -1447,6 +1451,26 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
     .await
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
 
+    // The batch wrote its journal before its writes and cleared it after (docs/gc.md).
+    let out = cp
+        .kubectl()
+        .args([
+            "get",
+            "configmap",
+            &format!("{FULLNAME}-gc-journal"),
+            "-n",
+            NS,
+        ])
+        .args(["-o", "jsonpath={.data.removals}"])
+        .output()
+        .expect("kubectl get configmap");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[]",
+        "the journal exists and is clear: {}",
+        text(&out)
+    );
+
     let logs = hook.logs_text().to_lowercase();
     assert!(
         !logs.contains("forbidden"),
@@ -1474,6 +1498,7 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
     };
     let sv = "storageversions.internal.apiserver.k8s.io";
     let leader = format!("leases/{FULLNAME}-gc");
+    let journal = format!("configmaps/{FULLNAME}-gc-journal");
     let yes: &[(&str, &str, &[&str])] = &[
         ("list", "leases", &["-n", "kube-system"]),
         ("watch", "leases", &["-n", "kube-system"]),
@@ -1487,6 +1512,11 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         ("get", &leader, &["-n", NS]),
         ("patch", &leader, &["-n", NS]),
         ("create", "leases", &["-n", NS]),
+        // The collector's journal (docs/gc.md, I1 across terms), by name; server-side apply
+        // creates it the first time.
+        ("get", &journal, &["-n", NS]),
+        ("patch", &journal, &["-n", NS]),
+        ("create", "configmaps", &["-n", NS]),
         ("create", "events", &["-n", "default"]),
         ("create", "events.events.k8s.io", &["-n", "default"]),
         ("patch", "events.events.k8s.io", &["-n", "default"]),
@@ -1515,7 +1545,10 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         // Nothing else.
         ("get", "secrets", &["-n", NS]),
         ("list", "secrets", &["--all-namespaces"]),
-        ("create", "configmaps", &["-n", NS]),
+        ("get", "configmaps/some-other-configmap", &["-n", NS]),
+        ("patch", "configmaps/some-other-configmap", &["-n", NS]),
+        ("delete", &journal, &["-n", NS]),
+        ("create", "configmaps", &["-n", "kube-system"]),
         ("create", "pods", &["-n", NS]),
         ("update", "deployments.apps", &["-n", NS]),
         (

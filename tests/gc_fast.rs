@@ -774,6 +774,90 @@ async fn a_deleted_object_is_created_again_for_a_returning_apiserver() {
     term.stop().await;
 }
 
+/// Issue 30, seed 347: after creating the object again, the give-back's GET of it fails once
+/// (a 500). The give-back tries again and the entry is back; it used to give up there.
+#[tokio::test(start_paused = true)]
+async fn a_give_back_whose_read_fails_once_tries_again() {
+    let name = "a.example.com.widgets";
+    let mut reads_after_create = 0;
+    let script = gone_then_back(GONE)
+        .on(
+            delete(),
+            Reply::Json(200, json!({"kind": "Status", "status": "Success"})),
+        )
+        .until(get(name), post(), not_found())
+        .on(post(), stored(201, "12"))
+        .on(
+            get(name),
+            Answer::with(move |_| {
+                reads_after_create += 1;
+                if reads_after_create == 1 {
+                    status(500, "injected")
+                } else {
+                    Reply::Json(200, sv(name, "12", &[]))
+                }
+            }),
+        )
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[GONE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 1)
+        .await;
+    assert_eq!(
+        rig.calls("GET", name).len(),
+        3,
+        "404, the 500, then the read it wrote on"
+    );
+    assert_eq!(
+        rig.puts()[0].body["status"]["storageVersions"],
+        json!([entry(GONE)]),
+        "the entry was not given back"
+    );
+    term.stop().await;
+}
+
+/// Issue 30, seed 309: a write that found the lease back in the watch planned nothing for the
+/// object; when the lease goes again the object, at the same resourceVersion (an apiserver's
+/// unchanged rewrites never move it), is still collected.
+#[tokio::test(start_paused = true)]
+async fn an_object_spared_for_a_returning_lease_is_collected_when_it_goes_again() {
+    let name = "a.example.com.widgets";
+    let store: Arc<Mutex<Option<LeaseStore>>> = Arc::default();
+    let handle = Arc::clone(&store);
+    let mut looked = 0;
+    let back_after_the_first_get = Answer::with(move |_| {
+        looked += 1;
+        if looked == 1 {
+            if let Some(s) = handle.lock().unwrap().as_ref() {
+                s.apply(watcher::Event::Apply(lease(GONE)));
+            }
+        }
+        not_found()
+    });
+    let script = Script::new()
+        .on(get_lease(GONE), back_after_the_first_get)
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
+    *store.lock().unwrap() = Some(rig.leases.clone());
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| {
+            !r.calls("GET", LEASES).is_empty()
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(rig.puts().is_empty(), "spared while the lease looked back");
+    // The lease goes again; the object has not changed.
+    rig.leases.apply(watcher::Event::Delete(lease(GONE)));
+    rig.run_until(Duration::from_secs(120), |r| r.puts().len() == 1)
+        .await;
+    assert_eq!(
+        rig.puts()[0].body["status"]["storageVersions"],
+        json!([entry(LIVE)]),
+        "the entry of the lease gone again was not removed"
+    );
+    term.stop().await;
+}
+
 /// The watch delivers the lease back before the write: the write is not sent at all.
 #[tokio::test(start_paused = true)]
 async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {

@@ -266,3 +266,24 @@ fn an_object_deleted_under_a_returning_apiserver_comes_back() {
 fn a_late_claim_does_not_overwrite_a_fresh_one() {
     regression(455, |_| {}, "I3");
 }
+
+/// Issue 30, seed 347 (found by the 2,000-seed run): the give-back re-created an object the
+/// batch had deleted under a returning apiserver, then its GET of that object got an injected
+/// 500, and it gave up: the entries were lost until the apiserver's next refresh and the journal
+/// was cleared. A failure that may pass (5xx, 429, no answer) is now retried for as long as the
+/// term lasts, and a lookup of the lease that fails is asked again; the journal stays until the
+/// check is done, so a term that ends first leaves it to the next.
+#[test]
+fn a_give_back_that_fails_once_is_tried_again() {
+    regression(347, |_| {}, "I1");
+}
+
+/// Issue 30, seed 309 (found by the 2,000-seed run): a write found apiserver-a's lease back in
+/// the watch, planned nothing for apps.deployments and marked it acted at its resourceVersion.
+/// The lease went again; the apiserver's rewrites had changed nothing, so the resourceVersion
+/// never moved and the object stayed out of every later batch (I2). Only a write marks an
+/// object acted now.
+#[test]
+fn an_object_spared_for_a_returning_lease_is_collected_when_it_goes_again() {
+    regression(309, |_| {}, "I2");
+}

@@ -1,13 +1,13 @@
 //! `cleanup`: what the chart's `post-delete` Job runs after `helm uninstall` removed the release.
-//! The running pods made two objects Helm does not know about: the collector's leader Lease and
-//! the migration state ConfigMap; and the last `helm test` pod is kept for its logs. This deletes
-//! exactly those, by name.
+//! The running pods made objects Helm does not know about: the collector's leader Lease, its
+//! journal ConfigMap (`<lease>-journal`) and the migration state ConfigMap; and the last `helm
+//! test` pod is kept for its logs. This deletes exactly those, by name.
 //!
 //! Order: first it waits until no pod matching `--wait-for-pods` is left (the webhook's pods,
 //! which Kubernetes' garbage collector deletes after their Deployment): while one runs it can
 //! re-create the Lease (every replica takes part in the election) or re-write the ConfigMap. Then
 //! it deletes, and checks that each object is gone or going. A ConfigMap that does not carry the
-//! label `serve --migrate` puts on its state is left alone (it is someone else's).
+//! label serve puts on its ConfigMaps is left alone (it is someone else's).
 //!
 //! Exit 0 when every named object is gone, 1 when one could not be deleted.
 
@@ -30,7 +30,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug, clap::Args)]
 #[command(after_help = "\
 What the chart's post-delete hook runs (its ServiceAccount needs, in the namespace: list pods; \
-get/delete the named Lease, ConfigMap and pods). Objects already gone are fine. Exit status: 0 \
+get/delete the named Lease, ConfigMaps and pods). Objects already gone are fine. Exit status: 0 \
 when every named object is gone, 1 when one could not be deleted.")]
 pub struct CleanupArgs {
     /// kubeconfig file; without it, the in-cluster configuration, $KUBECONFIG or ~/.kube/config.
@@ -39,7 +39,8 @@ pub struct CleanupArgs {
     /// Namespace of the objects.
     #[arg(long)]
     pub namespace: String,
-    /// The garbage collector's leader Lease (`serve --gc-leader-lease-name`).
+    /// The garbage collector's leader Lease (`serve --gc-leader-lease-name`); its journal
+    /// ConfigMap `<NAME>-journal` goes too (only if it carries the label serve writes).
     #[arg(long, value_name = "NAME")]
     pub leader_lease: Option<String>,
     /// The migration state ConfigMap (`serve --migrate-state-configmap`); deleted only if it
@@ -93,24 +94,15 @@ async fn cleanup(client: &kube::Client, args: &CleanupArgs) -> Vec<String> {
             failures.push(e);
         }
     }
+    if let Some(lease) = &args.leader_lease {
+        let name = crate::gc::collector::journal_name(lease);
+        if let Err(e) = delete_ours(client, ns, &name, "serve's garbage collector").await {
+            failures.push(e);
+        }
+    }
     if let Some(name) = &args.migrate_state_configmap {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-        match call(api.get_opt(name)).await {
-            Err(e) => failures.push(format!("cannot read ConfigMap {ns}/{name}: {e}")),
-            Ok(None) => println!("ConfigMap {ns}/{name}: not there"),
-            Ok(Some(cm)) => {
-                let labels = cm.metadata.labels.unwrap_or_default();
-                if labels.get(STATE_LABEL.0).map(String::as_str) == Some(STATE_LABEL.1) {
-                    if let Err(e) = delete(&api, "ConfigMap", ns, name, cm.metadata.uid).await {
-                        failures.push(e);
-                    }
-                } else {
-                    println!(
-                        "ConfigMap {ns}/{name}: left alone, it has no label {}={} (not made by serve --migrate)",
-                        STATE_LABEL.0, STATE_LABEL.1
-                    );
-                }
-            }
+        if let Err(e) = delete_ours(client, ns, name, "serve --migrate").await {
+            failures.push(e);
         }
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -120,6 +112,37 @@ async fn cleanup(client: &kube::Client, args: &CleanupArgs) -> Vec<String> {
         }
     }
     failures
+}
+
+/// Deletes the ConfigMap `name` if it carries the label serve writes on its own ConfigMaps
+/// (the migration state, the collector's journal); leaves any other alone. `writer` names who
+/// makes it, for the message.
+async fn delete_ours(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    writer: &str,
+) -> Result<(), String> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    match call(api.get_opt(name)).await {
+        Err(e) => Err(format!("cannot read ConfigMap {ns}/{name}: {e}")),
+        Ok(None) => {
+            println!("ConfigMap {ns}/{name}: not there");
+            Ok(())
+        }
+        Ok(Some(cm)) => {
+            let labels = cm.metadata.labels.unwrap_or_default();
+            if labels.get(STATE_LABEL.0).map(String::as_str) == Some(STATE_LABEL.1) {
+                delete(&api, "ConfigMap", ns, name, cm.metadata.uid).await
+            } else {
+                println!(
+                    "ConfigMap {ns}/{name}: left alone, it has no label {}={} (not made by {writer})",
+                    STATE_LABEL.0, STATE_LABEL.1
+                );
+                Ok(())
+            }
+        }
+    }
 }
 
 /// One API call with [`CALL_TIMEOUT`].

@@ -210,10 +210,24 @@ pub struct Sim {
     checked_removals: usize,
     checked_writes: usize,
     checked_created: usize,
-    /// I1: fresh entries a replica removed, to be back by the deadline: (deadline, sv, id,
-    /// lease creation, what happened).
-    given_back: Vec<(Duration, String, String, Duration, String)>,
+    /// I1: fresh entries a replica removed, to be back by the deadline.
+    given_back: Vec<GiveBack>,
+    /// Every collector term seen: (replica, start, end), sampled at each step from the
+    /// replica's `GcHandle::terms()`.
+    terms: Vec<(usize, Duration, Option<Duration>)>,
     violations: Vec<String>,
+}
+
+/// A fresh entry a replica removed (I1): it must be back [`I1_GIVE_BACK`] after the removal if
+/// the remover's term lasts that long, else that long after the start of a later term (which
+/// reads the journal first), while its lease lives on.
+struct GiveBack {
+    at: Duration,
+    replica: usize,
+    sv: String,
+    id: String,
+    created: Duration,
+    what: String,
 }
 
 impl Sim {
@@ -238,6 +252,7 @@ impl Sim {
             checked_writes: 0,
             checked_created: 0,
             given_back: Vec::new(),
+            terms: Vec::new(),
             violations: Vec::new(),
             plan,
         }
@@ -907,8 +922,45 @@ impl Sim {
         self.violations.push(what);
     }
 
+    /// Samples each replica's collector term (I1's deadline across terms).
+    fn sample_terms(&mut self, now: Duration) {
+        for (r, rep) in self.replicas.iter().enumerate() {
+            let leading = rep.gc.as_ref().is_some_and(|g| {
+                g.terms()
+                    .borrow()
+                    .as_ref()
+                    .is_some_and(|t| !t.is_cancelled())
+            });
+            let open = self
+                .terms
+                .iter_mut()
+                .find(|(tr, _, end)| *tr == r && end.is_none());
+            match (open, leading) {
+                (Some(t), false) => t.2 = Some(now),
+                (None, true) => self.terms.push((r, now, None)),
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether a term had [`I1_GIVE_BACK`] to give back what `g` removed: the remover's own
+    /// term from the removal on, or a later term (any replica) from its start.
+    fn had_time(&self, g: &GiveBack, now: Duration) -> bool {
+        self.terms.iter().any(|&(r, start, end)| {
+            let from = if r == g.replica && start <= g.at {
+                g.at
+            } else if start > g.at {
+                start
+            } else {
+                return false;
+            };
+            end.unwrap_or(now) >= from + I1_GIVE_BACK
+        })
+    }
+
     fn check(&mut self) {
         let now = self.at();
+        self.sample_terms(now);
         let c = lock(&self.shared);
         let mut found = Vec::new();
         if let Some(u) = c.unknown.first() {
@@ -929,16 +981,17 @@ impl Sim {
                     .get(&(rm.sv.clone(), rm.id.clone()))
                     .is_some_and(|w| w.iter().any(|w| w >= created && *w <= rm.at));
                 if fresh {
-                    self.given_back.push((
-                        rm.at + I1_GIVE_BACK,
-                        rm.sv.clone(),
-                        rm.id.clone(),
-                        *created,
-                        format!(
-                            "I1: replica {} removed the entry of {} from {} at {:?}, written after its lease was created at {:?}, and it is not back {I1_GIVE_BACK:?} later while that lease exists",
+                    self.given_back.push(GiveBack {
+                        at: rm.at,
+                        replica: rm.replica,
+                        sv: rm.sv.clone(),
+                        id: rm.id.clone(),
+                        created: *created,
+                        what: format!(
+                            "I1: replica {} removed the entry of {} from {} at {:?}, written after its lease was created at {:?}, and it is not back {I1_GIVE_BACK:?} into a term (the remover's, or a later one that read the journal) while that lease exists",
                             rm.replica, rm.id, rm.sv, rm.at, created
                         ),
-                    ));
+                    });
                 }
             }
             // A watch lagging by L may hide a return in the last L seconds; one before that
@@ -966,21 +1019,24 @@ impl Sim {
         }
         // I1: a fresh entry removed must be back by its deadline while its lease lives on.
         let mut waiting = Vec::new();
-        for (deadline, sv, id, created, what) in std::mem::take(&mut self.given_back) {
-            if now < deadline {
-                waiting.push((deadline, sv, id, created, what));
+        for g in std::mem::take(&mut self.given_back) {
+            let same_lease = life(&g.id)
+                .last()
+                .is_some_and(|(s, e)| *s == g.created && e.is_none());
+            if !same_lease {
                 continue;
             }
-            let same_lease = life(&id)
-                .last()
-                .is_some_and(|(s, e)| *s == created && e.is_none());
-            let back = c.get(SVS, &sv).is_some_and(|o| {
+            if !self.had_time(&g, now) {
+                waiting.push(g);
+                continue;
+            }
+            let back = c.get(SVS, &g.sv).is_some_and(|o| {
                 o["status"]["storageVersions"]
                     .as_array()
-                    .is_some_and(|es| es.iter().any(|e| e["apiServerID"] == id.as_str()))
+                    .is_some_and(|es| es.iter().any(|e| e["apiServerID"] == g.id.as_str()))
             });
-            if same_lease && !back {
-                found.push(what);
+            if !back {
+                found.push(g.what);
             }
         }
         self.given_back = waiting;

@@ -39,9 +39,20 @@ impl Term {
             .collect();
         let mut back = BTreeSet::new();
         for id in ids {
-            let lookup = self.lookup(id).await?;
-            let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
-            if !state.is_gone() && !matches!(state, LeaseState::Unknown(_)) {
+            // A lookup that fails is asked again (with backoff, for as long as the term lasts):
+            // the journal stays until this check is done, and an unknown answer decides nothing.
+            let mut attempt = 0;
+            let state = loop {
+                let lookup = self.lookup(id).await?;
+                let state = plan::judge_lease(&lookup, Timestamp::now(), self.c.cfg.expired_grace);
+                if !matches!(state, LeaseState::Unknown(_)) {
+                    break state;
+                }
+                attempt += 1;
+                self.cancellable(tokio::time::sleep(backoff(attempt)))
+                    .await?;
+            };
+            if !state.is_gone() {
                 back.insert(id);
             }
         }
@@ -74,7 +85,13 @@ impl Term {
         entries: &[ServerStorageVersion],
         now: &str,
     ) -> Option<()> {
-        for attempt in 0..=MAX_CONFLICT_RETRIES {
+        // Conflicts are bounded (each one is a write of the apiserver itself, which carries its
+        // own entry); a failure that may pass (5xx, 429, no answer) is retried with backoff for
+        // as long as the term lasts, since nothing else would give these entries back before
+        // the apiserver's next refresh (seed 347: an injected 500 on the GET after the
+        // re-creation lost them). A refusal that will not pass (another 4xx) is given up.
+        let (mut conflicts, mut failures) = (0, 0);
+        loop {
             let got = self
                 .call("GET storageversion", self.c.svs.get_opt(name))
                 .await?;
@@ -84,13 +101,26 @@ impl Term {
                     // The batch deleted it (these were its last entries): create it again, and
                     // its status at the next attempt (kube-apiserver drops status on create).
                     // An apiserver that created it meanwhile wins: AlreadyExists reads it again.
-                    self.recreate(name).await?;
+                    if let Err(e) = self.recreate(name).await? {
+                        if !may_pass(&e) {
+                            return Some(());
+                        }
+                        failures += 1;
+                        self.cancellable(tokio::time::sleep(backoff(failures)))
+                            .await?;
+                    }
                     continue;
                 }
                 Err(e) => {
                     self.c.metrics.error("get_storage_version");
                     tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion to give entries back");
-                    return Some(());
+                    if !may_pass(&e) {
+                        return Some(());
+                    }
+                    failures += 1;
+                    self.cancellable(tokio::time::sleep(backoff(failures)))
+                        .await?;
+                    continue;
                 }
             };
             let Some(restored) = plan::restore(&fresh.to_model(), entries, now) else {
@@ -111,44 +141,62 @@ impl Term {
                 }
                 Err(e) if is_status(&e, 409) => {
                     self.c.metrics.write("give_back", "conflict");
-                    self.cancellable(tokio::time::sleep(backoff(attempt + 1)))
+                    conflicts += 1;
+                    if conflicts > MAX_CONFLICT_RETRIES {
+                        return Some(());
+                    }
+                    self.cancellable(tokio::time::sleep(backoff(conflicts)))
                         .await?;
                 }
-                Err(e) if is_status(&e, 404) => return Some(()),
+                Err(e) if is_status(&e, 404) => {}
                 Err(e) => {
                     self.c.metrics.write("give_back", "error");
                     self.c.metrics.error("give_back");
                     tracing::warn!(storageversion = name, error = %e, "cannot give entries back");
-                    return Some(());
+                    if !may_pass(&e) {
+                        return Some(());
+                    }
+                    failures += 1;
+                    self.cancellable(tokio::time::sleep(backoff(failures)))
+                        .await?;
                 }
             }
         }
-        Some(())
     }
 
     /// Creates the StorageVersion `name` again, empty (its entries are written by the caller's
-    /// next attempt through `/status`). `None` if the term ended.
-    async fn recreate(&self, name: &str) -> Option<()> {
+    /// next attempt through `/status`). `Ok` when it exists now (created, or someone else did);
+    /// `None` if the term ended.
+    async fn recreate(&self, name: &str) -> Option<Result<(), kube::Error>> {
         let mut sv = StorageVersion::default();
         sv.metadata.name = Some(name.to_string());
         let api: Api<StorageVersion> = Api::all(self.c.svs.clone().into_client());
         let pp = PostParams::default();
         let create = api.create(&pp, &sv);
-        match self.call("POST storageversion", create).await? {
+        Some(match self.call("POST storageversion", create).await? {
             Ok(_) => {
                 self.c.metrics.write("recreate", "ok");
                 tracing::info!(
                     storageversion = name,
                     "created again to give back the entries of an apiserver that came back"
                 );
+                Ok(())
             }
-            Err(e) if is_status(&e, 409) => {}
+            Err(e) if is_status(&e, 409) => Ok(()),
             Err(e) => {
                 self.c.metrics.write("recreate", "error");
                 self.c.metrics.error("recreate");
                 tracing::warn!(storageversion = name, error = %e, "cannot create StorageVersion again to give entries back");
+                Err(e)
             }
-        }
-        Some(())
+        })
+    }
+}
+
+/// Whether a failed call may succeed if sent again: a server error, 429, or no answer at all.
+fn may_pass(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code >= 500 || s.code == 429,
+        _ => true,
     }
 }

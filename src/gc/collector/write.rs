@@ -96,7 +96,10 @@ impl Term {
         confirmed: &BTreeMap<String, Reason>,
         snapshot: &[Arc<StoredSv>],
     ) -> Option<()> {
-        let targets = self.targets(confirmed, snapshot);
+        // In name order: the journal's record and the give-back's calls are the same for the
+        // same state, whatever order the store keeps.
+        let mut targets = self.targets(confirmed, snapshot);
+        targets.sort_by(|a, b| a.name().cmp(b.name()));
         let now = plan::format_time(Timestamp::now());
         let mut outcomes = Vec::with_capacity(targets.len());
         for batch in batches(targets, confirmed) {
@@ -143,7 +146,7 @@ impl Term {
             .await
             .into_iter()
             .collect::<Option<_>>()?;
-        let removed: Vec<(&str, &[ServerStorageVersion])> = outcomes
+        let mut removed: Vec<(&str, &[ServerStorageVersion])> = outcomes
             .iter()
             .filter_map(|(_, o)| match o {
                 Outcome::Changed(note) if !note.removed.is_empty() => {
@@ -152,6 +155,7 @@ impl Term {
                 _ => None,
             })
             .collect();
+        removed.sort_by(|a, b| a.0.cmp(b.0));
         if !removed.is_empty() {
             self.give_back_if_returned(&removed).await?;
         }
@@ -230,8 +234,11 @@ impl Term {
             confirmed.retain(|id, _| !self.looks_live(id));
             let decided = plan::plan(&current.to_model(), &confirmed, now);
             if matches!(decided, Plan::Nothing) {
+                // Not marked acted: nothing was written, and the judgement rests on leases the
+                // watch shows back now. Marked, the object stayed out of every later batch
+                // until its resourceVersion moved, which an apiserver's unchanged rewrites
+                // never do (seed 309, I2: an entry kept for good after its lease went again).
                 self.c.metrics.check("unchanged");
-                self.mark_acted(stored);
                 return Some(Outcome::Done);
             }
             if self.c.cfg.dry_run {
