@@ -11,6 +11,7 @@ pub mod duration;
 pub mod gc;
 pub mod hooks;
 pub mod kubeclient;
+pub mod leader_task;
 pub mod leases;
 pub mod logging;
 pub mod memory;

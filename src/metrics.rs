@@ -72,19 +72,55 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
-/// Every metric the process exports. Cheap to clone (all handles are `Arc`s inside).
-#[derive(Clone)]
-pub struct Metrics {
-    pub reviews: Family<ReviewLabels, Counter>,
-    pub findings: Family<FindingLabels, Counter>,
-    pub review_duration: Histogram,
-    pub http_errors: Family<ResultLabels, Counter>,
-    pub lease_lookups: Family<ResultLabels, Counter>,
-    pub lease_view_leases: Gauge,
-    pub lease_view_synced: Gauge,
-    pub lease_view_staleness_seconds: Gauge<f64, AtomicU64>,
-    pub cert_expiry_seconds: Gauge<f64, AtomicU64>,
-    pub cert_reloads: Family<ResultLabels, Counter>,
+/// Declares a struct of metrics once: each field with its type, its initial value (the type's
+/// default unless `= value` is given), its name under the struct's prefix and its help text; and
+/// `fn declared(registry)`, which creates every metric and registers it in `registry` under the
+/// prefix, in the order written (the order of `/metrics`).
+macro_rules! declare {
+    (@init) => { ::std::default::Default::default() };
+    (@init $init:expr) => { $init };
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident in $prefix:literal {
+            $(
+                $(#[$field_meta:meta])*
+                $field_vis:vis $field:ident : $ty:ty $(= $init:expr)? => $metric:literal, $help:literal;
+            )*
+        }
+    ) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $( $(#[$field_meta])* $field_vis $field: $ty, )*
+        }
+
+        impl $name {
+            /// Creates every metric and registers it in `registry` under the prefix.
+            fn declared(registry: &mut ::prometheus_client::registry::Registry) -> Self {
+                let m = $name { $( $field: $crate::metrics::declare!(@init $($init)?), )* };
+                let r = registry.sub_registry_with_prefix($prefix);
+                $( r.register($metric, $help, m.$field.clone()); )*
+                m
+            }
+        }
+    };
+}
+pub(crate) use declare;
+
+crate::metrics::declare! {
+    /// Every metric the process exports. Cheap to clone (all handles are `Arc`s inside).
+    #[derive(Clone)]
+    pub struct Metrics in "storageversion_webhook" {
+        pub reviews: Family<ReviewLabels, Counter> => "admission_reviews", "AdmissionReviews answered, by operation, subresource, verdict and requester (apiserver or other)";
+        pub findings: Family<FindingLabels, Counter> => "admission_findings", "Rule violations found in reviews, by rule code and whether they denied or warned";
+        pub review_duration: Histogram = Histogram::new(LATENCY_BUCKETS.iter().copied()) => "admission_review_duration_seconds", "Time to answer one AdmissionReview, from body read to response encoded";
+        pub http_errors: Family<ResultLabels, Counter> => "admission_http_errors", "Requests to /validate refused before or instead of review (method_not_allowed, too_large, body_unreadable, body_timeout, large_body_budget, not_json, not_admission_review)";
+        pub lease_lookups: Family<ResultLabels, Counter> => "lease_lookups", "Identity lease lookups by result (cache_hit, negative_cache_hit, live_found, live_not_found, error, over_budget)";
+        pub lease_view_leases: Gauge => "lease_view_leases", "Identity leases in the watch cache";
+        pub lease_view_synced: Gauge => "lease_view_synced", "1 when the lease watch cache has completed its initial list and is watching";
+        pub lease_view_staleness_seconds: Gauge<f64, AtomicU64> => "lease_view_staleness_seconds", "Seconds since the lease watch was last known healthy (0 while healthy)";
+        pub cert_expiry_seconds: Gauge<f64, AtomicU64> => "serving_certificate_expiry_seconds", "Seconds until the serving certificate's notAfter (negative when expired)";
+        pub cert_reloads: Family<ResultLabels, Counter> => "tls_certificate_reloads", "Serving certificate reload attempts by result (ok, error)";
+    }
 }
 
 /// Latency buckets, fine below 5 ms where a healthy webhook lives.
@@ -96,70 +132,7 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 impl Metrics {
     /// Creates the metrics and registers them (prefix `storageversion_webhook`) in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Metrics {
-            reviews: Family::default(),
-            findings: Family::default(),
-            review_duration: Histogram::new(LATENCY_BUCKETS.iter().copied()),
-            http_errors: Family::default(),
-            lease_lookups: Family::default(),
-            lease_view_leases: Gauge::default(),
-            lease_view_synced: Gauge::default(),
-            lease_view_staleness_seconds: Gauge::default(),
-            cert_expiry_seconds: Gauge::default(),
-            cert_reloads: Family::default(),
-        };
-        let r = registry.sub_registry_with_prefix("storageversion_webhook");
-        r.register(
-            "admission_reviews",
-            "AdmissionReviews answered, by operation, subresource, verdict and requester (apiserver or other)",
-            m.reviews.clone(),
-        );
-        r.register(
-            "admission_findings",
-            "Rule violations found in reviews, by rule code and whether they denied or warned",
-            m.findings.clone(),
-        );
-        r.register(
-            "admission_review_duration_seconds",
-            "Time to answer one AdmissionReview, from body read to response encoded",
-            m.review_duration.clone(),
-        );
-        r.register(
-            "admission_http_errors",
-            "Requests to /validate refused before or instead of review (method_not_allowed, too_large, body_unreadable, body_timeout, large_body_budget, not_json, not_admission_review)",
-            m.http_errors.clone(),
-        );
-        r.register(
-            "lease_lookups",
-            "Identity lease lookups by result (cache_hit, negative_cache_hit, live_found, live_not_found, error, over_budget)",
-            m.lease_lookups.clone(),
-        );
-        r.register(
-            "lease_view_leases",
-            "Identity leases in the watch cache",
-            m.lease_view_leases.clone(),
-        );
-        r.register(
-            "lease_view_synced",
-            "1 when the lease watch cache has completed its initial list and is watching",
-            m.lease_view_synced.clone(),
-        );
-        r.register(
-            "lease_view_staleness_seconds",
-            "Seconds since the lease watch was last known healthy (0 while healthy)",
-            m.lease_view_staleness_seconds.clone(),
-        );
-        r.register(
-            "serving_certificate_expiry_seconds",
-            "Seconds until the serving certificate's notAfter (negative when expired)",
-            m.cert_expiry_seconds.clone(),
-        );
-        r.register(
-            "tls_certificate_reloads",
-            "Serving certificate reload attempts by result (ok, error)",
-            m.cert_reloads.clone(),
-        );
-        m
+        Self::declared(registry)
     }
 }
 

@@ -63,43 +63,8 @@ struct Observed {
 /// the way the collector is.
 pub type Terms = watch::Receiver<Option<CancellationToken>>;
 
-/// The one leader-term runner: each time a term starts, runs `work(term)` until the term ends,
-/// and drops it at that moment (the term's token wins every race: no further request of a term
-/// that ended is sent). Work that returns early waits for the term's end. Returns when
-/// `shutdown` is cancelled or the election has ended.
-pub async fn each_term<F, Fut>(
-    task: &'static str,
-    mut terms: Terms,
-    shutdown: CancellationToken,
-    mut work: F,
-) where
-    F: FnMut(CancellationToken) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    loop {
-        let term = loop {
-            let current = terms.borrow_and_update().clone();
-            if let Some(term) = current.filter(|t| !t.is_cancelled()) {
-                break term;
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                changed = terms.changed() => if changed.is_err() { return },
-            }
-        };
-        tracing::info!(task, "leading: starting");
-        tokio::select! {
-            biased;
-            () = shutdown.cancelled() => return,
-            () = term.cancelled() => {}
-            () = async {
-                work(term.clone()).await;
-                term.cancelled().await;
-            } => {}
-        }
-        tracing::info!(task, "no longer leading: stopped");
-    }
-}
+/// The leader-term runner of every other leader-only task lives in [`crate::leader_task`].
+pub use crate::leader_task::each_term;
 
 /// Runs the election until `shutdown` is cancelled, then releases the Lease if held. While this
 /// replica leads, `lead(term)` runs in its own task; `term` is cancelled when leadership ends.

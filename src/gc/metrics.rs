@@ -28,30 +28,32 @@ pub struct WriteLabels {
     pub result: &'static str,
 }
 
-/// Every GC metric. Cheap to clone.
-#[derive(Clone)]
-pub struct GcMetrics {
-    pub entries_removed: Family<ReasonLabels, Counter>,
-    pub objects_deleted: Counter,
-    pub writes: Family<WriteLabels, Counter>,
-    pub errors: Family<OperationLabels, Counter>,
-    pub leader: Gauge,
-    pub leadership_changes: Family<ResultLabels, Counter>,
-    pub sweep_duration: Histogram,
-    pub sweeps: Counter,
-    pub checks: Family<ResultLabels, Counter>,
-    pub lease_checks: Family<ResultLabels, Counter>,
-    pub dry_run_changes: Family<ResultLabels, Counter>,
-    pub lease_events: Family<EventLabels, Counter>,
-    /// Entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as
-    /// the leader sees them in its stores (0 on a replica that does not lead).
-    pub stale_entries: Gauge,
-    /// StorageVersions being checked or written right now.
-    pub in_flight: Gauge,
-    /// The most StorageVersions ever checked or written at once (bounded by `--gc-concurrency`).
-    pub in_flight_peak: Gauge,
-    /// 1 while the leader's StorageVersion list answers 404 (the API is not served).
-    pub storageversion_api_missing: Gauge,
+crate::metrics::declare! {
+    /// Every GC metric. Cheap to clone.
+    #[derive(Clone)]
+    pub struct GcMetrics in "storageversion_webhook_gc" {
+        /// Entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as
+        /// the leader sees them in its stores (0 on a replica that does not lead).
+        pub stale_entries: Gauge => "stale_entries", "StorageVersion entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as the leader's stores show them now (before any grace; 0 on replicas that do not lead)";
+        /// 1 while the leader's StorageVersion list answers 404 (the API is not served).
+        pub storageversion_api_missing: Gauge => "storageversion_api_missing", "1 while the leader finds the StorageVersion API (internal.apiserver.k8s.io/v1alpha1) not served: a cluster without the StorageVersionAPI gate, where built-in storage versions are not visible (the CRD migrator works regardless), else 0";
+        /// StorageVersions being checked or written right now.
+        pub in_flight: Gauge => "in_flight", "StorageVersions being checked or written right now";
+        /// The most StorageVersions ever checked or written at once (bounded by `--gc-concurrency`).
+        pub in_flight_peak: Gauge => "in_flight_peak", "The most StorageVersions checked or written at once since start (at most --gc-concurrency)";
+        pub entries_removed: Family<ReasonLabels, Counter> => "entries_removed", "StorageVersion entries removed, by why their apiserver counts as gone";
+        pub objects_deleted: Counter => "objects_deleted", "StorageVersions deleted because no entry was left";
+        pub writes: Family<WriteLabels, Counter> => "writes", "Writes sent to the API server (status updates and deletes), by result";
+        pub errors: Family<OperationLabels, Counter> => "errors", "Failed API calls and watch errors, by operation";
+        pub leader: Gauge => "leader", "1 while this replica holds the GC leader Lease and collects, else 0";
+        pub leadership_changes: Family<ResultLabels, Counter> => "leadership_changes", "Leadership gained (result=acquired) and given up (result=lost, released)";
+        pub sweep_duration: Histogram = Histogram::new(SWEEP_BUCKETS.iter().copied()) => "sweep_duration_seconds", "Time for one full sweep of every StorageVersion";
+        pub sweeps: Counter => "sweeps", "Full sweeps completed";
+        pub checks: Family<ResultLabels, Counter> => "checks", "StorageVersion checks by result (unchanged, rewritten, deleted, waiting, would_rewrite, would_delete, gone, given_back, error, cancelled)";
+        pub lease_checks: Family<ResultLabels, Counter> => "lease_checks", "Identity lease deletions (and expiries) followed up, by what the live GET found (present, absent, error)";
+        pub dry_run_changes: Family<ResultLabels, Counter> => "dry_run_changes", "Changes --gc-dry-run did not make (result=rewrite, delete)";
+        pub lease_events: Family<EventLabels, Counter> => "lease_events", "Identity lease watch events the leader saw: deleted, vanished (gone at a relist), listed (a full list)";
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,102 +69,7 @@ const SWEEP_BUCKETS: &[f64] = &[
 impl GcMetrics {
     /// Creates the metrics and registers them in `registry` under `storageversion_webhook_gc`.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = GcMetrics {
-            entries_removed: Family::default(),
-            objects_deleted: Counter::default(),
-            writes: Family::default(),
-            errors: Family::default(),
-            leader: Gauge::default(),
-            leadership_changes: Family::default(),
-            sweep_duration: Histogram::new(SWEEP_BUCKETS.iter().copied()),
-            sweeps: Counter::default(),
-            checks: Family::default(),
-            lease_checks: Family::default(),
-            dry_run_changes: Family::default(),
-            lease_events: Family::default(),
-            stale_entries: Gauge::default(),
-            in_flight: Gauge::default(),
-            in_flight_peak: Gauge::default(),
-            storageversion_api_missing: Gauge::default(),
-        };
-        let r = registry.sub_registry_with_prefix("storageversion_webhook_gc");
-        r.register(
-            "stale_entries",
-            "StorageVersion entries whose apiserver's identity lease is missing, not an apiserver's, or expired, as the leader's stores show them now (before any grace; 0 on replicas that do not lead)",
-            m.stale_entries.clone(),
-        );
-        r.register(
-            "storageversion_api_missing",
-            "1 while the leader finds the StorageVersion API (internal.apiserver.k8s.io/v1alpha1) not served: a cluster without the StorageVersionAPI gate, where built-in storage versions are not visible (the CRD migrator works regardless), else 0",
-            m.storageversion_api_missing.clone(),
-        );
-        r.register(
-            "in_flight",
-            "StorageVersions being checked or written right now",
-            m.in_flight.clone(),
-        );
-        r.register(
-            "in_flight_peak",
-            "The most StorageVersions checked or written at once since start (at most --gc-concurrency)",
-            m.in_flight_peak.clone(),
-        );
-        r.register(
-            "entries_removed",
-            "StorageVersion entries removed, by why their apiserver counts as gone",
-            m.entries_removed.clone(),
-        );
-        r.register(
-            "objects_deleted",
-            "StorageVersions deleted because no entry was left",
-            m.objects_deleted.clone(),
-        );
-        r.register(
-            "writes",
-            "Writes sent to the API server (status updates and deletes), by result",
-            m.writes.clone(),
-        );
-        r.register(
-            "errors",
-            "Failed API calls and watch errors, by operation",
-            m.errors.clone(),
-        );
-        r.register(
-            "leader",
-            "1 while this replica holds the GC leader Lease and collects, else 0",
-            m.leader.clone(),
-        );
-        r.register(
-            "leadership_changes",
-            "Leadership gained (result=acquired) and given up (result=lost, released)",
-            m.leadership_changes.clone(),
-        );
-        r.register(
-            "sweep_duration_seconds",
-            "Time for one full sweep of every StorageVersion",
-            m.sweep_duration.clone(),
-        );
-        r.register("sweeps", "Full sweeps completed", m.sweeps.clone());
-        r.register(
-            "checks",
-            "StorageVersion checks by result (unchanged, rewritten, deleted, waiting, would_rewrite, would_delete, gone, given_back, error, cancelled)",
-            m.checks.clone(),
-        );
-        r.register(
-            "lease_checks",
-            "Identity lease deletions (and expiries) followed up, by what the live GET found (present, absent, error)",
-            m.lease_checks.clone(),
-        );
-        r.register(
-            "dry_run_changes",
-            "Changes --gc-dry-run did not make (result=rewrite, delete)",
-            m.dry_run_changes.clone(),
-        );
-        r.register(
-            "lease_events",
-            "Identity lease watch events the leader saw: deleted, vanished (gone at a relist), listed (a full list)",
-            m.lease_events.clone(),
-        );
-        m
+        Self::declared(registry)
     }
 
     pub fn lease_event(&self, event: &'static str) {

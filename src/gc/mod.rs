@@ -10,7 +10,7 @@
 //!   kept for the write).
 //! - [`collector`]: the work of one leadership term (stores, passes, one write per object).
 //! - [`leader`]: leader election with `kube-lease-manager`, fenced and released on shutdown;
-//!   the terms every leader-only task runs in ([`leader::each_term`]).
+//!   the terms every leader-only task runs in ([`crate::leader_task`]).
 //! - [`release_guard`]: the election's client, which never clears another replica's live claim.
 //!
 //! Wiring into `serve`:
@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 pub use args::GcArgs;
 pub use collector::{Collector, CollectorConfig, JournalConfig, SvView};
@@ -45,14 +44,10 @@ pub use metrics::GcMetrics;
 /// grace is accepted (tests use one) but warned about.
 pub const MIN_SAFE_DELETION_GRACE: Duration = Duration::from_secs(10);
 
-/// How long [`GcHandle::shutdown`] waits for the collector to stop and the Lease to be released.
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
-
 /// A running (or disabled) garbage collector. Dropping it stops collection without releasing
 /// the leader Lease; call [`GcHandle::shutdown`] to release it for a fast hand-over.
 pub struct GcHandle {
-    shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
+    task: crate::task::Owned,
     leading: leader::Terms,
     identity: Option<String>,
     svs: watch::Receiver<Option<collector::SvView>>,
@@ -139,19 +134,14 @@ fn spawn_inner(
         &identity,
     ));
     let svs = collector.sv_view();
-    let shutdown = CancellationToken::new();
     let (leading_tx, leading) = watch::channel(None);
-    let task = tokio::spawn(leader::run(
-        client,
-        leader,
-        metrics,
-        shutdown.clone(),
-        leading_tx,
-        move |term| Arc::clone(&collector).lead(term),
-    ));
+    let task = crate::task::Owned::spawn("garbage collector", move |shutdown| {
+        leader::run(client, leader, metrics, shutdown, leading_tx, move |term| {
+            Arc::clone(&collector).lead(term)
+        })
+    });
     Ok(GcHandle {
-        shutdown,
-        task: Some(task),
+        task,
         leading,
         identity: Some(identity),
         svs,
@@ -163,8 +153,7 @@ impl GcHandle {
     pub fn disabled() -> GcHandle {
         let (_, leading) = watch::channel(None);
         GcHandle {
-            shutdown: CancellationToken::new(),
-            task: None,
+            task: crate::task::Owned::none("garbage collector"),
             leading,
             identity: None,
             svs: watch::channel(None).1,
@@ -172,7 +161,7 @@ impl GcHandle {
     }
 
     pub fn is_enabled(&self) -> bool {
-        self.task.is_some()
+        self.task.is_running()
     }
 
     /// True while this replica holds the leader Lease and collects.
@@ -189,7 +178,8 @@ impl GcHandle {
     }
 
     /// The leader's terms, for work that must run on one replica only (the migration trigger,
-    /// the report): run it with [`leader::each_term`], fenced by the same token as the collector.
+    /// the report): run it as a [`crate::leader_task::LeaderTask`], fenced by the same token as
+    /// the collector.
     pub fn terms(&self) -> leader::Terms {
         self.leading.clone()
     }
@@ -202,14 +192,7 @@ impl GcHandle {
 
     /// Stops collecting at once and releases the leader Lease (bounded in time), so another
     /// replica takes over without waiting for the Lease to expire.
-    pub fn shutdown(mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.shutdown.cancel();
-        crate::task::join_within(self.task.take(), SHUTDOWN_TIMEOUT, "garbage collector")
-    }
-}
-
-impl Drop for GcHandle {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+    pub fn shutdown(self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.task.shutdown()
     }
 }

@@ -63,6 +63,14 @@ struct Term {
     api: Option<Option<svm::ApiVersion>>,
 }
 
+impl crate::leader_task::LeaderTask for Trigger {
+    const NAME: &'static str = "migration trigger";
+
+    async fn lead(self: Arc<Self>, term: CancellationToken) {
+        self.lead_term(term).await;
+    }
+}
+
 impl Trigger {
     pub fn new(
         client: kube::Client,
@@ -85,20 +93,8 @@ impl Trigger {
         }
     }
 
-    /// Runs a term of the trigger each time this replica leads, dropped the moment the term
-    /// ends ([`crate::gc::leader::each_term`]).
-    pub async fn run(
-        self: Arc<Self>,
-        terms: crate::gc::leader::Terms,
-        shutdown: CancellationToken,
-    ) {
-        crate::gc::leader::each_term("migration trigger", terms, shutdown, |term| {
-            Arc::clone(&self).lead(term)
-        })
-        .await;
-    }
-
-    async fn lead(self: Arc<Self>, term: CancellationToken) {
+    /// One term: a pass every `--migrate-interval`.
+    async fn lead_term(self: Arc<Self>, term: CancellationToken) {
         let mut t = Term::default();
         loop {
             // The pass is dropped the moment leadership ends: a replica that no longer leads

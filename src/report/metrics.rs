@@ -11,57 +11,27 @@ pub use crate::metrics::ResultLabels;
 
 use super::types::{Status, Summary};
 
-/// Every report metric. Cheap to clone.
-#[derive(Clone)]
-pub struct ReportMetrics {
-    /// Applies of the report: result=applied, crd_missing, error.
-    pub writes: Family<ResultLabels, Counter>,
-    /// Failed API calls by operation (apply, list_leases, read_migrations).
-    pub errors: Family<OperationLabels, Counter>,
-    /// Findings by status (pass: StorageVersions without any), as last judged by the leader;
-    /// 0 on other replicas.
-    pub results: Family<ResultLabels, Gauge>,
-    /// Findings left out of the report's results, as last judged.
-    pub omitted: Gauge,
-    /// Judgements made (each may or may not write).
-    pub judgements: Counter,
+crate::metrics::declare! {
+    /// Every report metric. Cheap to clone.
+    #[derive(Clone)]
+    pub struct ReportMetrics in "storageversion_webhook_report" {
+        /// Applies of the report: result=applied, crd_missing, error.
+        pub writes: Family<ResultLabels, Counter> => "writes", "Server-side applies of the ClusterReport (result=applied, crd_missing, error)";
+        /// Failed API calls by operation (apply, list_leases, read_migrations).
+        pub errors: Family<OperationLabels, Counter> => "errors", "Failed API calls of the report, by operation (apply, list_leases, read_migrations)";
+        /// Findings by status (pass: StorageVersions without any), as last judged by the leader;
+        /// 0 on other replicas.
+        pub results: Family<ResultLabels, Gauge> => "results", "Findings by result (pass counts StorageVersions without one), as last judged by the leader; 0 elsewhere";
+        /// Findings left out of the report's results, as last judged.
+        pub omitted: Gauge => "omitted_results", "Findings counted in the summary but not listed (over --report-max-results or the size bound)";
+        /// Judgements made (each may or may not write).
+        pub judgements: Counter => "judgements", "Judgements of every StorageVersion made for the report (a write follows only a change)";
+    }
 }
 
 impl ReportMetrics {
     pub fn register(registry: &mut Registry) -> Self {
-        let m = ReportMetrics {
-            writes: Family::default(),
-            errors: Family::default(),
-            results: Family::default(),
-            omitted: Gauge::default(),
-            judgements: Counter::default(),
-        };
-        let r = registry.sub_registry_with_prefix("storageversion_webhook_report");
-        r.register(
-            "writes",
-            "Server-side applies of the ClusterReport (result=applied, crd_missing, error)",
-            m.writes.clone(),
-        );
-        r.register(
-            "errors",
-            "Failed API calls of the report, by operation (apply, list_leases, read_migrations)",
-            m.errors.clone(),
-        );
-        r.register(
-            "results",
-            "Findings by result (pass counts StorageVersions without one), as last judged by the leader; 0 elsewhere",
-            m.results.clone(),
-        );
-        r.register(
-            "omitted_results",
-            "Findings counted in the summary but not listed (over --report-max-results or the size bound)",
-            m.omitted.clone(),
-        );
-        r.register(
-            "judgements",
-            "Judgements of every StorageVersion made for the report (a write follows only a change)",
-            m.judgements.clone(),
-        );
+        let m = Self::declared(registry);
         for s in Status::ALL {
             m.results
                 .get_or_create(&ResultLabels { result: s.as_str() })

@@ -14,23 +14,16 @@ pub mod metrics;
 pub mod types;
 pub mod writer;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
 
 pub use args::ReportArgs;
 pub use metrics::ReportMetrics;
 pub use writer::{ReportConfig, Reporter};
 
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
-
 /// The running (or disabled) report.
-pub struct ReportHandle {
-    shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
+pub type ReportHandle = crate::leader_task::LeaderTaskHandle;
 
 /// What [`spawn`] needs from the rest of `serve`.
 pub struct ReportInputs<'a> {
@@ -51,63 +44,33 @@ pub fn spawn(
     registry: &mut Registry,
 ) -> anyhow::Result<ReportHandle> {
     let metrics = ReportMetrics::register(registry);
-    let shutdown = CancellationToken::new();
-    if !args.report {
-        return Ok(ReportHandle {
-            shutdown,
-            task: None,
-        });
-    }
-    if !inputs.gc.enabled() || !inputs.leader.is_enabled() {
-        anyhow::bail!(
-            "--report needs the leader election of the garbage collector: drop --no-gc \
-             (or use --gc-dry-run to collect nothing)"
+    crate::leader_task::start("--report", args.report, inputs.gc, inputs.leader, || {
+        let cfg = ReportConfig {
+            name: args.report_name.clone(),
+            max_results: args.report_max_results,
+            resync_interval: args.report_resync_interval,
+            lease_skew_allowance: inputs.lease_skew_allowance,
+            gc_expired_lease_grace: inputs.gc.gc_expired_lease_grace,
+            migrate_state: inputs.migrate.migrate.then(|| {
+                (
+                    inputs.gc.leader_lease_namespace(),
+                    inputs.migrate.migrate_state_configmap.clone(),
+                )
+            }),
+        };
+        tracing::info!(
+            report = %cfg.name,
+            max_results = cfg.max_results,
+            resync_interval = ?cfg.resync_interval,
+            migration_findings = cfg.migrate_state.is_some(),
+            "policy report enabled (ClusterReport openreports.io/v1alpha1; written while this replica leads)"
         );
-    }
-    let cfg = ReportConfig {
-        name: args.report_name.clone(),
-        max_results: args.report_max_results,
-        resync_interval: args.report_resync_interval,
-        lease_skew_allowance: inputs.lease_skew_allowance,
-        gc_expired_lease_grace: inputs.gc.gc_expired_lease_grace,
-        migrate_state: inputs.migrate.migrate.then(|| {
-            (
-                inputs.gc.leader_lease_namespace(),
-                inputs.migrate.migrate_state_configmap.clone(),
-            )
-        }),
-    };
-    tracing::info!(
-        report = %cfg.name,
-        max_results = cfg.max_results,
-        resync_interval = ?cfg.resync_interval,
-        migration_findings = cfg.migrate_state.is_some(),
-        "policy report enabled (ClusterReport openreports.io/v1alpha1; written while this replica leads)"
-    );
-    let reporter = Arc::new(Reporter::new(
-        client,
-        cfg,
-        metrics,
-        inputs.leases,
-        inputs.leader.storage_versions(),
-    ));
-    let task = tokio::spawn(reporter.run(inputs.leader.terms(), shutdown.clone()));
-    Ok(ReportHandle {
-        shutdown,
-        task: Some(task),
+        Reporter::new(
+            client,
+            cfg,
+            metrics,
+            inputs.leases,
+            inputs.leader.storage_versions(),
+        )
     })
-}
-
-impl ReportHandle {
-    /// Stops the report (bounded in time).
-    pub fn shutdown(mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.shutdown.cancel();
-        crate::task::join_within(self.task.take(), SHUTDOWN_TIMEOUT, "policy report")
-    }
-}
-
-impl Drop for ReportHandle {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
 }

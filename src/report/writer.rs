@@ -93,6 +93,16 @@ enum Why {
     Resync,
 }
 
+impl crate::leader_task::LeaderTask for Reporter {
+    const NAME: &'static str = "policy report";
+
+    /// Its results gauges read 0 between terms.
+    async fn lead(self: Arc<Self>, term: CancellationToken) {
+        let _zero = ZeroOnDrop(&self.metrics);
+        Arc::clone(&self).lead_term(term).await;
+    }
+}
+
 impl Reporter {
     pub fn new(
         client: kube::Client,
@@ -110,25 +120,8 @@ impl Reporter {
         }
     }
 
-    /// Runs a term of the report each time this replica leads, dropped the moment the term
-    /// ends ([`crate::gc::leader::each_term`]); its results gauges read 0 between terms.
-    pub async fn run(
-        self: Arc<Self>,
-        terms: crate::gc::leader::Terms,
-        shutdown: CancellationToken,
-    ) {
-        crate::gc::leader::each_term("policy report", terms, shutdown, |term| {
-            let this = Arc::clone(&self);
-            async move {
-                let _zero = ZeroOnDrop(&this.metrics);
-                Arc::clone(&this).lead(term).await;
-            }
-        })
-        .await;
-    }
-
     /// One term: wait for the collector's store, then judge on changes and resyncs.
-    async fn lead(self: Arc<Self>, term: CancellationToken) {
+    async fn lead_term(self: Arc<Self>, term: CancellationToken) {
         let mut views = self.svs.clone();
         let view = loop {
             if let Some(v) = views.borrow_and_update().clone() {
