@@ -29,69 +29,30 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
-/// Every CRD migrator metric. Cheap to clone.
-#[derive(Clone)]
-pub struct CrdMetrics {
-    pub started: Family<MethodLabels, Counter>,
-    pub outcomes: Family<OutcomeLabels, Counter>,
-    /// Objects of our own rewrites, by result: rewritten, gone (deleted since the list),
-    /// conflict (changed since the list, so already written in the storage version), failed.
-    pub objects: Family<ResultLabels, Counter>,
-    /// storedVersions writes: pruned, conflict (the CRD changed since it was read), failed.
-    pub prunes: Family<ResultLabels, Counter>,
-    pub crds: Family<StateLabels, Gauge>,
-    /// Rewrites running now.
-    pub running: Gauge,
-    pub errors: Family<OperationLabels, Counter>,
-    pub checks: Counter,
+crate::metrics::declare! {
+    /// Every CRD migrator metric. Cheap to clone.
+    #[derive(Clone)]
+    pub struct CrdMetrics in "storageversion_webhook_crd_migration" {
+        pub started: Family<MethodLabels, Counter> => "started", "CRD migrations begun, by method (svm, rewrite)";
+        pub outcomes: Family<OutcomeLabels, Counter> => "outcomes", "CRD migrations ended, by method and result (succeeded, failed, abandoned)";
+        /// Objects of our own rewrites, by result: rewritten, gone (deleted since the list),
+        /// conflict (changed since the list, so already written in the storage version), failed.
+        pub objects: Family<ResultLabels, Counter> => "objects", "Custom resources handled by our own rewrite, by result (rewritten, gone, conflict, failed)";
+        /// storedVersions writes: pruned, conflict (the CRD changed since it was read), failed.
+        pub prunes: Family<ResultLabels, Counter> => "prunes", "Writes of a CRD's status.storedVersions, by result (pruned, conflict, failed)";
+        pub crds: Family<StateLabels, Gauge> => "crds", "CRDs by migration state, as last looked at by the leader";
+        /// Rewrites running now.
+        pub running: Gauge => "running", "Our own rewrites running now";
+        pub errors: Family<OperationLabels, Counter> => "errors", "Failed API calls of the CRD migrator, by operation";
+        pub checks: Counter => "checks", "Passes over every CRD";
+    }
 }
 
 impl CrdMetrics {
+    /// Creates the metrics and registers them in `registry` under
+    /// `storageversion_webhook_crd_migration`.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = CrdMetrics {
-            started: Family::default(),
-            outcomes: Family::default(),
-            objects: Family::default(),
-            prunes: Family::default(),
-            crds: Family::default(),
-            running: Gauge::default(),
-            errors: Family::default(),
-            checks: Counter::default(),
-        };
-        let r = registry.sub_registry_with_prefix("storageversion_webhook_crd_migration");
-        r.register(
-            "started",
-            "CRD migrations begun, by method (svm, rewrite)",
-            m.started.clone(),
-        );
-        r.register(
-            "outcomes",
-            "CRD migrations ended, by method and result (succeeded, failed, abandoned)",
-            m.outcomes.clone(),
-        );
-        r.register(
-            "objects",
-            "Custom resources handled by our own rewrite, by result (rewritten, gone, conflict, failed)",
-            m.objects.clone(),
-        );
-        r.register(
-            "prunes",
-            "Writes of a CRD's status.storedVersions, by result (pruned, conflict, failed)",
-            m.prunes.clone(),
-        );
-        r.register(
-            "crds",
-            "CRDs by migration state, as last looked at by the leader",
-            m.crds.clone(),
-        );
-        r.register("running", "Our own rewrites running now", m.running.clone());
-        r.register(
-            "errors",
-            "Failed API calls of the CRD migrator, by operation",
-            m.errors.clone(),
-        );
-        r.register("checks", "Passes over every CRD", m.checks.clone());
-        m
+        Self::declared(registry)
     }
 
     pub fn error(&self, operation: &'static str) {

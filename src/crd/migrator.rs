@@ -91,6 +91,14 @@ struct Term {
     api: Option<Option<svm::ApiVersion>>,
 }
 
+impl crate::leader_task::LeaderTask for Migrator {
+    const NAME: &'static str = "crd migrator";
+
+    async fn lead(self: Arc<Self>, term: CancellationToken) {
+        self.lead_term(term).await;
+    }
+}
+
 impl Migrator {
     pub fn new(client: kube::Client, cfg: MigratorConfig, metrics: CrdMetrics) -> Migrator {
         let pace = Pace::new(cfg.rate);
@@ -102,20 +110,8 @@ impl Migrator {
         }
     }
 
-    /// Runs a term of the migrator each time this replica leads ([`crate::gc::leader::each_term`]).
-    pub async fn run(
-        self: Arc<Self>,
-        terms: crate::gc::leader::Terms,
-        shutdown: CancellationToken,
-    ) {
-        crate::gc::leader::each_term("crd migrator", terms, shutdown, |term| {
-            Arc::clone(&self).lead(term)
-        })
-        .await;
-    }
-
     /// One leadership term: the watch, the passes and the rewrites, all dropped when `term` ends.
-    pub async fn lead(self: Arc<Self>, term: CancellationToken) {
+    async fn lead_term(self: Arc<Self>, term: CancellationToken) {
         // The term's rewrites stop with it (dropping `t` stops them): so does the gauge.
         let _running = ZeroOnDrop(self.metrics.running.clone());
         let mut t = Term::default();

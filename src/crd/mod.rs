@@ -21,11 +21,7 @@ pub mod rewrite;
 pub mod state;
 pub mod types;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
 
 pub use args::CrdArgs;
 pub use metrics::CrdMetrics;
@@ -33,8 +29,6 @@ pub use migrator::{Migrator, MigratorConfig};
 
 /// Annotation on our StorageVersionMigrations: the uid of the CRD object it migrates.
 pub const ANNOTATION_CRD_UID: &str = "storageversion-webhook.io/crd-uid";
-
-const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The name of migration number `sequence` of CRD `name` (object `uid`) to `storage`:
 /// `<name>-<first 8 characters of the uid>-<storage>-<sequence>`, made a valid name if needed.
@@ -50,10 +44,7 @@ pub fn migration_name(name: &str, uid: &str, storage: &str, sequence: u64) -> St
 }
 
 /// The running (or disabled) CRD migrator.
-pub struct CrdHandle {
-    shutdown: CancellationToken,
-    task: Option<tokio::task::JoinHandle<()>>,
-}
+pub type CrdHandle = crate::leader_task::LeaderTaskHandle;
 
 /// Starts the migrator (if `--crd-migrate`) while `leader` leads; registers its metrics in any
 /// case. Fails when `--crd-migrate` is given without the leader election (`--no-gc`).
@@ -65,54 +56,24 @@ pub fn spawn(
     registry: &mut Registry,
 ) -> anyhow::Result<CrdHandle> {
     let metrics = CrdMetrics::register(registry);
-    let shutdown = CancellationToken::new();
-    if !args.crd_migrate {
-        return Ok(CrdHandle {
-            shutdown,
-            task: None,
-        });
-    }
-    if !gc.enabled() || !leader.is_enabled() {
-        anyhow::bail!(
-            "--crd-migrate needs the leader election of the garbage collector: drop --no-gc \
-             (or use --gc-dry-run to collect nothing)"
+    crate::leader_task::start("--crd-migrate", args.crd_migrate, gc, leader, || {
+        let cfg = MigratorConfig {
+            settle: args.crd_migrate_settle,
+            interval: args.crd_migrate_interval,
+            rate: args.crd_migrate_rate,
+            method: args.crd_migrate_method,
+            namespace: gc.leader_lease_namespace(),
+            configmap: args.crd_migrate_state_configmap.clone(),
+        };
+        tracing::info!(
+            settle = ?cfg.settle,
+            rate = cfg.rate,
+            method = ?cfg.method,
+            state = %format!("{}/{}", cfg.namespace, cfg.configmap),
+            "CRD migrator enabled (runs while this replica leads)"
         );
-    }
-    let cfg = MigratorConfig {
-        settle: args.crd_migrate_settle,
-        interval: args.crd_migrate_interval,
-        rate: args.crd_migrate_rate,
-        method: args.crd_migrate_method,
-        namespace: gc.leader_lease_namespace(),
-        configmap: args.crd_migrate_state_configmap.clone(),
-    };
-    tracing::info!(
-        settle = ?cfg.settle,
-        rate = cfg.rate,
-        method = ?cfg.method,
-        state = %format!("{}/{}", cfg.namespace, cfg.configmap),
-        "CRD migrator enabled (runs while this replica leads)"
-    );
-    let migrator = Arc::new(Migrator::new(client, cfg, metrics));
-    let task = tokio::spawn(migrator.run(leader.terms(), shutdown.clone()));
-    Ok(CrdHandle {
-        shutdown,
-        task: Some(task),
+        Migrator::new(client, cfg, metrics)
     })
-}
-
-impl CrdHandle {
-    /// Stops the migrator (bounded in time).
-    pub fn shutdown(mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        self.shutdown.cancel();
-        crate::task::join_within(self.task.take(), SHUTDOWN_TIMEOUT, "crd migrator")
-    }
-}
-
-impl Drop for CrdHandle {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
 }
 
 #[cfg(test)]
