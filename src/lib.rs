@@ -23,4 +23,5 @@ pub mod plugin;
 pub mod report;
 pub mod rules;
 pub mod server;
+pub mod state_map;
 pub mod task;

@@ -33,14 +33,11 @@ struct Kept {
 /// `#[serde(deserialize_with = "crate::metadata::kept")]`: name, namespace, uid,
 /// resourceVersion and labels of an object's `metadata`, nothing else.
 pub fn kept<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
-    let k = Kept::deserialize(d)?;
+    let m = kept_with_generation(d)?;
     Ok(ObjectMeta {
-        name: k.name,
-        namespace: k.namespace,
-        uid: k.uid,
-        resource_version: k.resource_version,
-        labels: k.labels,
-        ..ObjectMeta::default()
+        generation: None,
+        deletion_timestamp: None,
+        ..m
     })
 }
 

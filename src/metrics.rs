@@ -72,6 +72,13 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// A gauge family's label: what state the things it counts are in (each task lists its states
+/// at its metric).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
 /// Declares a struct of metrics once: each field with its type, its initial value (the type's
 /// default unless `= value` is given), its name under the struct's prefix and its help text; and
 /// `fn declared(registry)`, which creates every metric and registers it in `registry` under the

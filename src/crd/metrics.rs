@@ -8,7 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 pub use crate::gc::metrics::OperationLabels;
-pub use crate::metrics::ResultLabels;
+pub use crate::metrics::{ResultLabels, StateLabels};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
@@ -23,12 +23,6 @@ pub struct OutcomeLabels {
     pub result: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
-    /// not_ready, up_to_date, settling, migrating, prune_pending, failed, no_method
-    pub state: &'static str,
-}
-
 crate::metrics::declare! {
     /// Every CRD migrator metric. Cheap to clone.
     #[derive(Clone)]
@@ -40,6 +34,8 @@ crate::metrics::declare! {
         pub objects: Family<ResultLabels, Counter> => "objects", "Custom resources handled by our own rewrite, by result (rewritten, gone, conflict, failed)";
         /// storedVersions writes: pruned, conflict (the CRD changed since it was read), failed.
         pub prunes: Family<ResultLabels, Counter> => "prunes", "Writes of a CRD's status.storedVersions, by result (pruned, conflict, failed)";
+        /// CRDs by state: not_ready, up_to_date, settling, migrating, prune_pending, failed,
+        /// no_method.
         pub crds: Family<StateLabels, Gauge> => "crds", "CRDs by migration state, as last looked at by the leader";
         /// Rewrites running now.
         pub running: Gauge => "running", "Our own rewrites running now";

@@ -621,23 +621,12 @@ impl Migrator {
     }
 
     async fn save_if_dirty(&self, t: &mut Term) -> bool {
-        if !t.dirty {
-            return true;
-        }
-        let Some(m) = &t.memory else {
-            return false;
-        };
-        match state::save(&self.client, &self.cfg.namespace, &self.cfg.configmap, m).await {
-            Ok(()) => {
-                t.dirty = false;
-                true
-            }
-            Err(e) => {
+        state::map(&self.cfg.namespace, &self.cfg.configmap)
+            .save_if_dirty(&self.client, &mut t.dirty, t.memory.as_ref(), state::data, |e| {
                 self.metrics.error("write_state");
                 tracing::warn!(error = %format!("{e:#}"), "cannot write the CRD migration state; retrying next pass");
-                false
-            }
-        }
+            })
+            .await
     }
 
     fn log_decision(&self, t: &mut Term, name: &str, d: &Decision) {

@@ -5,17 +5,12 @@
 //! next write, so the map holds at most one record (a few hundred bytes) per existing CRD.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-use anyhow::Context;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
 
 pub use super::decide::Record;
+use crate::state_map::StateMap;
 
 /// Field manager of the state ConfigMap writes.
 pub const FIELD_MANAGER: &str = "storageversion-webhook-crd";
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// CRD name -> its record.
 pub type Memory = BTreeMap<String, Record>;
@@ -33,51 +28,21 @@ pub fn data(memory: &Memory) -> BTreeMap<String, String> {
         .collect()
 }
 
+const DESCRIPTION: &str =
+    "CustomResourceDefinition name -> the last migration serve --crd-migrate began for it (docs/crd.md)";
+
+/// The state ConfigMap `namespace/name`.
+pub fn map<'a>(namespace: &'a str, name: &'a str) -> StateMap<'a> {
+    StateMap::new(namespace, name, FIELD_MANAGER, DESCRIPTION)
+}
+
 /// Reads the memory; a missing ConfigMap is an empty memory.
 pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<Memory> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let got = tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name))
-        .await
-        .with_context(|| format!("reading ConfigMap {namespace}/{name} timed out"))?
-        .with_context(|| format!("cannot read ConfigMap {namespace}/{name}"))?;
-    Ok(got
-        .and_then(|cm| cm.data)
-        .unwrap_or_default()
+    let data = map(namespace, name).load(client).await?;
+    Ok(data
         .into_iter()
         .filter_map(|(k, v)| Some((k, parse(&v)?)))
         .collect())
-}
-
-/// Writes the whole memory (creating the ConfigMap if needed); keys not in it are removed.
-pub async fn save(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    memory: &Memory,
-) -> anyhow::Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let (label, value) = crate::migrate::state::STATE_LABEL;
-    let cm = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {label: value},
-            "annotations": {
-                "storageversion-webhook.io/description":
-                    "CustomResourceDefinition name -> the last migration serve --crd-migrate \
-                     began for it (docs/crd.md)"
-            },
-        },
-        "data": data(memory),
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(&cm)))
-        .await
-        .with_context(|| format!("writing ConfigMap {namespace}/{name} timed out"))?
-        .with_context(|| format!("cannot write ConfigMap {namespace}/{name}"))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,18 +8,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 pub use crate::gc::metrics::OperationLabels;
-pub use crate::metrics::ResultLabels;
+pub use crate::metrics::{ResultLabels, StateLabels};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     /// pending, running, succeeded, failed
     pub phase: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
-    /// up_to_date, settling, disagree, not_decodable
-    pub state: &'static str,
 }
 
 crate::metrics::declare! {

@@ -9,17 +9,12 @@
 //! whole map is written at once.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
-
-use anyhow::Context;
 
 pub use super::decide::Record;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use crate::state_map::StateMap;
 
 /// Field manager of the state ConfigMap writes.
 pub const FIELD_MANAGER: &str = "storageversion-webhook-migrate";
-const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// StorageVersion name -> what is remembered about it.
 pub type Memory = BTreeMap<String, Record>;
@@ -51,57 +46,22 @@ pub fn data(memory: &Memory) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The label (key, value) on the state ConfigMap: `cleanup` deletes a ConfigMap only if it has it.
-pub const STATE_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "storageversion-webhook");
+pub use crate::state_map::STATE_LABEL;
+
+const DESCRIPTION: &str =
+    "StorageVersion name -> what serve --migrate knows of it: the version all \
+     apiservers last agreed on, the versions written since the last migration began, and that \
+     migration";
+
+/// The state ConfigMap `namespace/name`.
+pub fn map<'a>(namespace: &'a str, name: &'a str) -> StateMap<'a> {
+    StateMap::new(namespace, name, FIELD_MANAGER, DESCRIPTION)
+}
 
 /// Reads the memory; a missing ConfigMap is an empty memory. Errors name the ConfigMap.
 pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<Memory> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let got = tokio::time::timeout(CALL_TIMEOUT, api.get_opt(name))
-        .await
-        .with_context(|| format!("reading ConfigMap {namespace}/{name} timed out"))?
-        .with_context(|| format!("cannot read ConfigMap {namespace}/{name}"))?;
-    Ok(got
-        .and_then(|cm| cm.data)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| {
-            let r = parse(&v);
-            (k, r)
-        })
-        .collect())
-}
-
-/// Writes the whole memory (creating the ConfigMap if needed).
-pub async fn save(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-    memory: &Memory,
-) -> anyhow::Result<()> {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
-    let cm = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {STATE_LABEL.0: STATE_LABEL.1},
-            "annotations": {
-                "storageversion-webhook.io/description":
-                    "StorageVersion name -> what serve --migrate knows of it: the version all \
-                     apiservers last agreed on, the versions written since the last migration \
-                     began, and that migration"
-            },
-        },
-        "data": data(memory),
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(&cm)))
-        .await
-        .with_context(|| format!("writing ConfigMap {namespace}/{name} timed out"))?
-        .with_context(|| format!("cannot write ConfigMap {namespace}/{name}"))?;
-    Ok(())
+    let data = map(namespace, name).load(client).await?;
+    Ok(data.into_iter().map(|(k, v)| (k, parse(&v))).collect())
 }
 
 #[cfg(test)]
