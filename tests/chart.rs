@@ -212,6 +212,46 @@ fn local_args(rendered: &[String], certs: &Certs, kubeconfig: &Path) -> Vec<Stri
     args
 }
 
+/// Applies the chart's ServiceAccount and RBAC from `docs` and runs `serve` locally with the
+/// chart's container arguments, as that ServiceAccount (a token kubeconfig, in the returned
+/// directory) and as pod `pod`; returns once it is ready.
+async fn serve_as_the_chart(
+    cp: &ControlPlane,
+    docs: &[Value],
+    certs: &Certs,
+    pod: &str,
+) -> (Webhook, tempfile::TempDir) {
+    let identity: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                kind_of(d),
+                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+            )
+        })
+        .collect();
+    let out = kubectl_apply(cp, &identity, false);
+    assert!(out.status.success(), "apply RBAC:\n{}", text(&out));
+    let token = ok(
+        cp.kubectl().args([
+            "create",
+            "token",
+            FULLNAME,
+            "--namespace",
+            NS,
+            "--duration=2h",
+        ]),
+        None,
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    token_kubeconfig(cp, token.trim(), &kubeconfig);
+    let args = local_args(&container_args(docs), certs, &kubeconfig);
+    let hook = Webhook::spawn(&args, &[("POD_NAME", pod)]);
+    hook.wait_ready(Duration::from_secs(60)).await;
+    (hook, dir)
+}
+
 /// A kubeconfig for the control plane's API server (address and CA from the admin kubeconfig)
 /// that authenticates with `token`.
 fn token_kubeconfig(cp: &ControlPlane, token: &str, path: &Path) {
@@ -1444,37 +1484,8 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
         "--set".into(),
         "gc.resyncInterval=2s".into(),
     ]);
-    let identity: Vec<&Value> = docs
-        .iter()
-        .filter(|d| {
-            matches!(
-                kind_of(d),
-                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
-            )
-        })
-        .collect();
-    let out = kubectl_apply(&cp, &identity, false);
-    assert!(out.status.success(), "apply RBAC:\n{}", text(&out));
-
-    let token = ok(
-        cp.kubectl().args([
-            "create",
-            "token",
-            FULLNAME,
-            "--namespace",
-            NS,
-            "--duration=2h",
-        ]),
-        None,
-    );
-    let dir = tempfile::tempdir().expect("temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    token_kubeconfig(&cp, token.trim(), &kubeconfig);
-
-    let args = local_args(&container_args(&docs), &certs, &kubeconfig);
-    let hook = Webhook::spawn(&args, &[("POD_NAME", "chart-rbac-pod")]);
     // Readiness waits for the lease view's first list of kube-system identity leases.
-    hook.wait_ready(Duration::from_secs(60)).await;
+    let (hook, _kubeconfig) = serve_as_the_chart(&cp, &docs, &certs, "chart-rbac-pod").await;
 
     // Leader election on the chart's leader Lease, in the release namespace.
     let leader_leases: Api<Lease> = Api::namespaced(cp.client.clone(), NS);
@@ -1725,34 +1736,7 @@ async fn chart_report_rbac_is_enough() {
         "--set".into(),
         "gc.dryRun=true".into(),
     ]);
-    let identity: Vec<&Value> = docs
-        .iter()
-        .filter(|d| {
-            matches!(
-                kind_of(d),
-                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
-            )
-        })
-        .collect();
-    let out = kubectl_apply(&cp, &identity, false);
-    assert!(out.status.success(), "apply RBAC:\n{}", text(&out));
-    let token = ok(
-        cp.kubectl().args([
-            "create",
-            "token",
-            FULLNAME,
-            "--namespace",
-            NS,
-            "--duration=2h",
-        ]),
-        None,
-    );
-    let dir = tempfile::tempdir().expect("temp dir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    token_kubeconfig(&cp, token.trim(), &kubeconfig);
-    let args = local_args(&container_args(&docs), &certs, &kubeconfig);
-    let hook = Webhook::spawn(&args, &[("POD_NAME", "chart-report-pod")]);
-    hook.wait_ready(Duration::from_secs(60)).await;
+    let (hook, _kubeconfig) = serve_as_the_chart(&cp, &docs, &certs, "chart-report-pod").await;
 
     let reports: Api<storageversion_webhook::report::types::ClusterReport> =
         Api::all(cp.client.clone());

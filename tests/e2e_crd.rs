@@ -121,6 +121,37 @@ async fn a_storage_version_flip_is_finished_by_kube_controller_managers_migrator
     flip_and_migrate(&cp, Method::Svm, 50).await;
 }
 
+/// `objects` Widgets written in v1beta1, then the storage version flipped to v1 (storedVersions
+/// lists both).
+async fn widgets_then_flip(cp: &ControlPlane, objects: usize) {
+    create_widgets(cp, objects).await;
+    replace_versions(cp, vec![version("v1beta1", false), version("v1", true)])
+        .await
+        .expect("flip the storage version");
+}
+
+/// The flags of a replica that migrates CRDs (settle time, pass interval, then `more`), in the
+/// tests' own leader election (6 s leases).
+fn migrator_flags(settle: &str, interval: &str, more: &[&str]) -> Vec<String> {
+    let mut flags = vec![
+        "--crd-migrate".to_string(),
+        format!("--crd-migrate-settle={settle}"),
+        format!("--crd-migrate-interval={interval}"),
+    ];
+    flags.extend(more.iter().map(|s| s.to_string()));
+    flags.extend([
+        format!("--gc-leader-lease-namespace={NAMESPACE}"),
+        "--gc-leader-lease-name=svw-crd-test".to_string(),
+        "--gc-leader-lease-duration=6s".to_string(),
+        "--gc-leader-lease-grace=2s".to_string(),
+    ]);
+    flags
+}
+
+fn strs(flags: &[String]) -> Vec<&str> {
+    flags.iter().map(String::as_str).collect()
+}
+
 /// Creates the CRD (v1beta1 storage, v1 served) and `objects` Widgets, stored as v1beta1.
 async fn create_widgets(cp: &ControlPlane, objects: usize) {
     // Created whole (our Crd type drops the schemas on decoding).
@@ -184,11 +215,7 @@ async fn create_widgets(cp: &ControlPlane, objects: usize) {
 }
 
 async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
-    create_widgets(cp, objects).await;
-    // Flip the storage version: storedVersions now lists both.
-    replace_versions(cp, vec![version("v1beta1", false), version("v1", true)])
-        .await
-        .expect("flip the storage version");
+    widgets_then_flip(cp, objects).await;
     poll_until(
         Duration::from_secs(30),
         "storedVersions [v1beta1, v1]",
@@ -211,24 +238,21 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
     let hook = Webhook::start(
         cp,
         &certs,
-        &[
-            "--crd-migrate",
-            "--crd-migrate-settle=2s",
-            "--crd-migrate-interval=300ms",
-            &format!(
-                "--crd-migrate-method={}",
-                if method == Method::Rewrite {
-                    "rewrite"
-                } else {
-                    "auto"
-                }
-            ),
-            "--crd-migrate-rate=1000",
-            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
-            "--gc-leader-lease-name=svw-crd-test",
-            "--gc-leader-lease-duration=6s",
-            "--gc-leader-lease-grace=2s",
-        ],
+        &strs(&migrator_flags(
+            "2s",
+            "300ms",
+            &[
+                &format!(
+                    "--crd-migrate-method={}",
+                    if method == Method::Rewrite {
+                        "rewrite"
+                    } else {
+                        "auto"
+                    }
+                ),
+                "--crd-migrate-rate=1000",
+            ],
+        )),
     )
     .await;
     let flipped = std::time::Instant::now();
@@ -393,26 +417,20 @@ async fn a_crd_changed_or_deleted_during_the_rewrite() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let objects = 300;
-    create_widgets(&cp, objects).await;
-    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
-        .await
-        .expect("flip the storage version");
+    widgets_then_flip(&cp, objects).await;
     let certs = Certs::generate();
     let hook = Webhook::start(
         &cp,
         &certs,
-        &[
-            "--crd-migrate",
-            "--crd-migrate-settle=1s",
-            "--crd-migrate-interval=300ms",
-            "--crd-migrate-method=rewrite",
-            // 300 objects take 15 s: time to change the CRD in the middle.
-            "--crd-migrate-rate=20",
-            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
-            "--gc-leader-lease-name=svw-crd-test",
-            "--gc-leader-lease-duration=6s",
-            "--gc-leader-lease-grace=2s",
-        ],
+        &strs(&migrator_flags(
+            "1s",
+            "300ms",
+            &[
+                "--crd-migrate-method=rewrite",
+                // 300 objects take 15 s: time to change the CRD in the middle.
+                "--crd-migrate-rate=20",
+            ],
+        )),
     )
     .await;
     wait_metric(
@@ -536,22 +554,14 @@ async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let objects = 300;
-    create_widgets(&cp, objects).await;
-    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
-        .await
-        .expect("flip the storage version");
+    widgets_then_flip(&cp, objects).await;
     let certs = Certs::generate();
-    let flags = [
-        "--crd-migrate",
-        "--crd-migrate-settle=1s",
-        "--crd-migrate-interval=300ms",
-        "--crd-migrate-method=rewrite",
-        "--crd-migrate-rate=20",
-        &format!("--gc-leader-lease-namespace={NAMESPACE}"),
-        "--gc-leader-lease-name=svw-crd-test",
-        "--gc-leader-lease-duration=6s",
-        "--gc-leader-lease-grace=2s",
-    ];
+    let flags = migrator_flags(
+        "1s",
+        "300ms",
+        &["--crd-migrate-method=rewrite", "--crd-migrate-rate=20"],
+    );
+    let flags = strs(&flags);
     let mut replicas = [
         Webhook::start(&cp, &certs, &flags).await,
         Webhook::start(&cp, &certs, &flags).await,
@@ -628,24 +638,16 @@ async fn a_cluster_without_the_storageversion_api_migrates_crds() {
         matches!(&svs, Err(kube::Error::Api(s)) if s.code == 404),
         "the StorageVersion API is not served: {svs:?}"
     );
-    create_widgets(&cp, 50).await;
-    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
-        .await
-        .expect("flip the storage version");
+    widgets_then_flip(&cp, 50).await;
     let certs = Certs::generate();
     let hook = Webhook::start(
         &cp,
         &certs,
-        &[
-            "--crd-migrate",
-            "--crd-migrate-settle=1s",
-            "--crd-migrate-interval=300ms",
-            "--crd-migrate-method=rewrite",
-            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
-            "--gc-leader-lease-name=svw-crd-test",
-            "--gc-leader-lease-duration=6s",
-            "--gc-leader-lease-grace=2s",
-        ],
+        &strs(&migrator_flags(
+            "1s",
+            "300ms",
+            &["--crd-migrate-method=rewrite"],
+        )),
     )
     .await;
     poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
@@ -707,25 +709,19 @@ async fn scale_many_objects_of_one_crd() {
     let objects = env_num("SVW_CRD_SCALE_OBJECTS", 10_000);
     let rate = env_num("SVW_CRD_SCALE_RATE", 1000);
     let cp = ControlPlane::up().await;
-    create_widgets(&cp, objects).await;
-    replace_versions(&cp, vec![version("v1beta1", false), version("v1", true)])
-        .await
-        .expect("flip the storage version");
+    widgets_then_flip(&cp, objects).await;
     let certs = Certs::generate();
     let hook = Webhook::start(
         &cp,
         &certs,
-        &[
-            "--crd-migrate",
-            "--crd-migrate-settle=1s",
-            "--crd-migrate-interval=1s",
-            "--crd-migrate-method=rewrite",
-            &format!("--crd-migrate-rate={rate}"),
-            &format!("--gc-leader-lease-namespace={NAMESPACE}"),
-            "--gc-leader-lease-name=svw-crd-test",
-            "--gc-leader-lease-duration=6s",
-            "--gc-leader-lease-grace=2s",
-        ],
+        &strs(&migrator_flags(
+            "1s",
+            "1s",
+            &[
+                "--crd-migrate-method=rewrite",
+                &format!("--crd-migrate-rate={rate}"),
+            ],
+        )),
     )
     .await;
     let started = std::time::Instant::now();

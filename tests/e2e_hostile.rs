@@ -302,27 +302,11 @@ async fn webhook_behind_proxy(
         .expect("kubeconfig")
         .replace(&upstream.to_string(), &proxy.addr().to_string());
     std::fs::write(&path, text).expect("write the proxied kubeconfig");
-    let mut args: Vec<String> = [
-        "--log-format",
-        "json",
-        "serve",
-        "--listen=127.0.0.1:0",
-        "--admin-listen=127.0.0.1:0",
-        "--no-gc",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    for (flag, path) in [
-        ("--tls-cert-file", &certs.cert_file),
-        ("--tls-key-file", &certs.key_file),
-        ("--kubeconfig", &path),
-    ] {
-        args.push(format!("{flag}={}", path.display()));
-    }
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let hook = Webhook::spawn(&args, &[]);
-    hook.wait_ready(Duration::from_secs(60)).await;
+    let extra: Vec<&str> = ["--no-gc"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let hook = Webhook::start_with_kubeconfig(&path, certs, &extra).await;
     (proxy, hook)
 }
 

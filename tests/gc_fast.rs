@@ -816,24 +816,31 @@ async fn a_give_back_whose_read_fails_once_tries_again() {
     term.stop().await;
 }
 
+/// The answer to the GETs of lease `id`: 404, and right after the first one the lease is back
+/// in the watch. The slot takes the rig's lease store once the rig exists.
+fn back_after_the_first_get(id: &'static str) -> (Answer, Arc<Mutex<Option<LeaseStore>>>) {
+    let store: Arc<Mutex<Option<LeaseStore>>> = Arc::default();
+    let handle = Arc::clone(&store);
+    let mut looked = 0;
+    let answer = Answer::with(move |_| {
+        looked += 1;
+        if looked == 1 {
+            if let Some(s) = handle.lock().unwrap().as_ref() {
+                s.apply(watcher::Event::Apply(lease(id)));
+            }
+        }
+        not_found()
+    });
+    (answer, store)
+}
+
 /// Issue 30, seed 309: a write that found the lease back in the watch planned nothing for the
 /// object; when the lease goes again the object, at the same resourceVersion (an apiserver's
 /// unchanged rewrites never move it), is still collected.
 #[tokio::test(start_paused = true)]
 async fn an_object_spared_for_a_returning_lease_is_collected_when_it_goes_again() {
     let name = "a.example.com.widgets";
-    let store: Arc<Mutex<Option<LeaseStore>>> = Arc::default();
-    let handle = Arc::clone(&store);
-    let mut looked = 0;
-    let back_after_the_first_get = Answer::with(move |_| {
-        looked += 1;
-        if looked == 1 {
-            if let Some(s) = handle.lock().unwrap().as_ref() {
-                s.apply(watcher::Event::Apply(lease(GONE)));
-            }
-        }
-        not_found()
-    });
+    let (back_after_the_first_get, store) = back_after_the_first_get(GONE);
     let script = Script::new()
         .on(get_lease(GONE), back_after_the_first_get)
         .on(put(), echo());
@@ -862,15 +869,8 @@ async fn an_object_spared_for_a_returning_lease_is_collected_when_it_goes_again(
 #[tokio::test(start_paused = true)]
 async fn a_lease_the_watch_shows_back_before_the_write_stops_it() {
     let name = "a.example.com.widgets";
-    let store: Arc<Mutex<Option<LeaseStore>>> = Arc::default();
-    let handle = Arc::clone(&store);
-    let created_after_the_get = Answer::with(move |_| {
-        // The lease is created right after this GET looked; the watch brings it.
-        if let Some(s) = handle.lock().unwrap().as_ref() {
-            s.apply(watcher::Event::Apply(lease(GONE)));
-        }
-        not_found()
-    });
+    // The lease is created right after this GET looked; the watch brings it.
+    let (created_after_the_get, store) = back_after_the_first_get(GONE);
     let script = Script::new().on(get_lease(GONE), created_after_the_get);
     let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
     *store.lock().unwrap() = Some(rig.leases.clone());

@@ -253,6 +253,15 @@ pub struct Webhook {
 impl Webhook {
     /// Starts `serve` on loopback with ephemeral ports against `cp` and waits for /readyz.
     pub async fn start(cp: &ControlPlane, certs: &Certs, extra: &[&str]) -> Webhook {
+        Webhook::start_with_kubeconfig(&cp.kubeconfig, certs, extra).await
+    }
+
+    /// Like [`Webhook::start`], talking to the API server `kubeconfig` names (a fault proxy's).
+    pub async fn start_with_kubeconfig(
+        kubeconfig: &Path,
+        certs: &Certs,
+        extra: &[&str],
+    ) -> Webhook {
         let mut args: Vec<String> = [
             "--log-format",
             "json",
@@ -266,9 +275,9 @@ impl Webhook {
         .map(|s| s.to_string())
         .collect();
         for (flag, path) in [
-            ("--tls-cert-file", &certs.cert_file),
-            ("--tls-key-file", &certs.key_file),
-            ("--kubeconfig", &cp.kubeconfig),
+            ("--tls-cert-file", certs.cert_file.as_path()),
+            ("--tls-key-file", certs.key_file.as_path()),
+            ("--kubeconfig", kubeconfig),
         ] {
             args.push(flag.to_string());
             args.push(path.display().to_string());
