@@ -738,6 +738,34 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
     term.stop().await;
 }
 
+/// Issue 30 (simulation seed 1623): the same returning apiserver, but the write that removed
+/// its entry got no answer within the call's deadline, though the apiserver applied it. A write
+/// without a good answer may have gone through, so its removals are checked like those of a
+/// write that did: the lease is back, and the entry is given back. It used to be left out of the
+/// give-back, and the entry stayed gone until the apiserver's next refresh.
+#[tokio::test(start_paused = true)]
+async fn an_entry_removed_by_a_write_that_got_no_answer_is_given_back() {
+    let name = "a.example.com.widgets";
+    let script = gone_then_back(GONE)
+        .first(put().at_rv("10"), Reply::Hold)
+        .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
+        .on(put(), echo());
+    let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
+    let term = rig
+        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+        .await;
+    let puts = rig.puts();
+    assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
+    assert_eq!(
+        puts[1].body["status"]["storageVersions"],
+        json!([entry(LIVE), entry(GONE)]),
+        "the entry was not given back"
+    );
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(rig.puts().len(), 2);
+    term.stop().await;
+}
+
 /// Issue 30 (simulation seeds 80 and 133): the object's last entry is the returning apiserver's.
 /// Its unchanged rewrite kept the resourceVersion, so the preconditioned DELETE went through; the
 /// give-back finds the lease back and the object gone, creates it again, and writes the entry.

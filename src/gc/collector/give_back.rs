@@ -4,7 +4,8 @@
 //! Invariant I1 (docs/gc.md), its one gap: an apiserver that comes back and rewrites its entry
 //! unchanged before the batch's write reaches the object. kube-apiserver keeps a write that
 //! changes nothing out of etcd, so the resourceVersion stays and the removal goes through. So,
-//! one more live GET per lease whose entries the batch removed: a lease found back was created
+//! one more live GET per lease whose entries the batch removed, or may have removed (a write
+//! that got no good answer may still have been applied): a lease found back was created
 //! before that GET, so any such rewrite came before it too. Its removed entries are given back
 //! where its apiserver has none now (read fresh, written with the fresh resourceVersion; the
 //! apiserver's own newer entry wins). An object the batch deleted is created again first.
@@ -102,24 +103,18 @@ impl Term {
                     // its status at the next attempt (kube-apiserver drops status on create).
                     // An apiserver that created it meanwhile wins: AlreadyExists reads it again.
                     if let Err(e) = self.recreate(name).await? {
-                        if !may_pass(&e) {
+                        if !self.wait_if_it_may_pass(&e, &mut failures).await? {
                             return Some(());
                         }
-                        failures += 1;
-                        self.cancellable(tokio::time::sleep(backoff(failures)))
-                            .await?;
                     }
                     continue;
                 }
                 Err(e) => {
                     self.c.metrics.error("get_storage_version");
                     tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion to give entries back");
-                    if !may_pass(&e) {
+                    if !self.wait_if_it_may_pass(&e, &mut failures).await? {
                         return Some(());
                     }
-                    failures += 1;
-                    self.cancellable(tokio::time::sleep(backoff(failures)))
-                        .await?;
                     continue;
                 }
             };
@@ -153,15 +148,25 @@ impl Term {
                     self.c.metrics.write("give_back", "error");
                     self.c.metrics.error("give_back");
                     tracing::warn!(storageversion = name, error = %e, "cannot give entries back");
-                    if !may_pass(&e) {
+                    if !self.wait_if_it_may_pass(&e, &mut failures).await? {
                         return Some(());
                     }
-                    failures += 1;
-                    self.cancellable(tokio::time::sleep(backoff(failures)))
-                        .await?;
                 }
             }
         }
+    }
+
+    /// After a failed call of the give-back: `Some(true)` once the backoff for one more failure
+    /// has passed if the call may succeed when sent again, `Some(false)` (give up) if it will
+    /// not, `None` if the term ended while waiting.
+    async fn wait_if_it_may_pass(&self, e: &kube::Error, failures: &mut u32) -> Option<bool> {
+        if !may_pass(e) {
+            return Some(false);
+        }
+        *failures += 1;
+        self.cancellable(tokio::time::sleep(backoff(*failures)))
+            .await?;
+        Some(true)
     }
 
     /// Creates the StorageVersion `name` again, empty (its entries are written by the caller's

@@ -84,8 +84,10 @@ enum Outcome {
     Done,
     /// Written: the Event that records it, published once the batch's writes are done.
     Changed(Box<EventNote>),
-    /// Try again at a later pass (a failed write or read).
-    Retry,
+    /// Try again at a later pass (a failed write or read). With the entries a write that got
+    /// no good answer may still have removed: a timeout, a lost connection or a 5xx can come
+    /// after the apiserver applied it. The give-back checks them like a written removal's.
+    Retry(Vec<ServerStorageVersion>),
 }
 
 impl Term {
@@ -132,7 +134,7 @@ impl Term {
                 batch
                     .targets
                     .into_iter()
-                    .map(|sv| (sv, Outcome::Retry))
+                    .map(|sv| (sv, Outcome::Retry(Vec::new())))
                     .collect(),
             );
         }
@@ -146,14 +148,17 @@ impl Term {
             .await
             .into_iter()
             .collect::<Option<_>>()?;
+        // What went through, and what a write without a good answer may have removed (seed
+        // 1623: a PUT applied after the apiserver's unchanged rewrite, its answer past the
+        // call's deadline).
         let mut removed: Vec<(&str, &[ServerStorageVersion])> = outcomes
             .iter()
-            .filter_map(|(_, o)| match o {
-                Outcome::Changed(note) if !note.removed.is_empty() => {
-                    Some((note.name.as_str(), note.removed.as_slice()))
-                }
-                _ => None,
+            .filter_map(|(sv, o)| match o {
+                Outcome::Changed(note) => Some((note.name.as_str(), note.removed.as_slice())),
+                Outcome::Retry(maybe) => Some((sv.name(), maybe.as_slice())),
+                Outcome::Done => None,
             })
+            .filter(|(_, entries)| !entries.is_empty())
             .collect();
         removed.sort_by(|a, b| a.0.cmp(b.0));
         if !removed.is_empty() {
@@ -195,7 +200,7 @@ impl Term {
     fn settle(&self, confirmed: &BTreeMap<String, Reason>, outcomes: &[(Arc<StoredSv>, Outcome)]) {
         let failed: BTreeSet<&str> = outcomes
             .iter()
-            .filter(|(_, outcome)| matches!(outcome, Outcome::Retry))
+            .filter(|(_, outcome)| matches!(outcome, Outcome::Retry(_)))
             .flat_map(|(sv, _)| sv.status.known.storage_versions.iter())
             .filter_map(|e| {
                 confirmed
@@ -265,7 +270,8 @@ impl Term {
                 }
                 Sent::Failed => {
                     self.c.metrics.check("error");
-                    return Some(Outcome::Retry);
+                    let maybe = removed_entries(&current.to_model(), decided.removed());
+                    return Some(Outcome::Retry(maybe));
                 }
                 Sent::Conflict => match self.reread(current.name(), attempt).await? {
                     // The object changed after the leases were confirmed: an apiserver may have
@@ -276,7 +282,7 @@ impl Term {
                             current = fresh;
                             confirmed = still_gone;
                         }
-                        None => return Some(Outcome::Retry),
+                        None => return Some(Outcome::Retry(Vec::new())),
                     },
                     Err(outcome) => return Some(outcome),
                 },
@@ -287,7 +293,7 @@ impl Term {
             storageversion = stored.name(),
             "still conflicting; retrying later"
         );
-        Some(Outcome::Retry)
+        Some(Outcome::Retry(Vec::new()))
     }
 
     /// After a conflict: backs off, then reads the object again (`Err`: what became of it).
@@ -312,7 +318,7 @@ impl Term {
                 self.c.metrics.error("get_storage_version");
                 self.c.metrics.check("error");
                 tracing::warn!(storageversion = name, error = %e, "cannot read StorageVersion after a conflict; retrying later");
-                Err(Outcome::Retry)
+                Err(Outcome::Retry(Vec::new()))
             }
         })
     }
@@ -441,13 +447,7 @@ impl Term {
                 format!("Removed the entries of {what}; commonEncodingVersion is now {common}"),
             )
         };
-        let removed = before
-            .status
-            .storage_versions
-            .iter()
-            .filter(|e| removed.iter().any(|r| r.id == e.api_server_id))
-            .cloned()
-            .collect();
+        let removed = removed_entries(before, removed);
         EventNote {
             name: sv.name().to_string(),
             reference: sv.object_ref(&()),
@@ -456,6 +456,17 @@ impl Term {
             removed,
         }
     }
+}
+
+/// The entries of `before` that `removed` names, as they were.
+fn removed_entries(before: &StorageVersion, removed: &[Removal]) -> Vec<ServerStorageVersion> {
+    before
+        .status
+        .storage_versions
+        .iter()
+        .filter(|e| removed.iter().any(|r| r.id == e.api_server_id))
+        .cloned()
+        .collect()
 }
 
 /// Delete options for an object as it was read: resourceVersion and uid preconditions, so a
