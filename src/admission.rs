@@ -98,6 +98,23 @@ struct AdmissionReviewIn<'a, O> {
     request: Option<AdmissionRequest<'a, O>>,
 }
 
+impl<'a, O> AdmissionReviewIn<'a, O> {
+    /// The request of an `admission.k8s.io/v1` AdmissionReview; anything else is a bad review.
+    fn into_request(self) -> Result<AdmissionRequest<'a, O>, BadReview> {
+        if self.api_version.as_deref() != Some(ADMISSION_API_VERSION)
+            || self.kind.as_deref() != Some(ADMISSION_KIND)
+        {
+            return Err(BadReview::NotAdmissionReview(format!(
+                "apiVersion {:?} and kind {:?}, want {ADMISSION_API_VERSION:?} and {ADMISSION_KIND:?}",
+                self.api_version.as_deref().unwrap_or(""),
+                self.kind.as_deref().unwrap_or("")
+            )));
+        }
+        self.request
+            .ok_or_else(|| BadReview::NotAdmissionReview("it has no request".to_string()))
+    }
+}
+
 fn none<T>() -> Option<T> {
     None
 }
@@ -271,20 +288,7 @@ impl Admission {
         &self,
         review: AdmissionReviewIn<'_, O>,
     ) -> Result<Vec<u8>, BadReview> {
-        if review.api_version.as_deref() != Some(ADMISSION_API_VERSION)
-            || review.kind.as_deref() != Some(ADMISSION_KIND)
-        {
-            return Err(BadReview::NotAdmissionReview(format!(
-                "apiVersion {:?} and kind {:?}, want {ADMISSION_API_VERSION:?} and {ADMISSION_KIND:?}",
-                review.api_version.as_deref().unwrap_or(""),
-                review.kind.as_deref().unwrap_or("")
-            )));
-        }
-        let Some(mut req) = review.request else {
-            return Err(BadReview::NotAdmissionReview(
-                "it has no request".to_string(),
-            ));
-        };
+        let mut req = review.into_request()?;
 
         let subresource = req.sub_resource.as_deref().unwrap_or("");
         let ours = req.resource.group == GROUP
@@ -670,6 +674,8 @@ fn decode_object<O: ReviewObject>(object: Option<O>) -> Result<StorageVersion, S
     object.into_storage_version("object")
 }
 
+pub mod crd;
 mod message;
+pub use crd::CrdGuard;
 pub use message::MAX_FINDING_TEXT_BYTES;
 use message::{denial_message, findings_summary, plural, warning_text};

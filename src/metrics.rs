@@ -121,6 +121,7 @@ crate::metrics::declare! {
         pub findings: Family<FindingLabels, Counter> => "admission_findings", "Rule violations found in reviews, by rule code and whether they denied or warned";
         pub review_duration: Histogram = Histogram::new(LATENCY_BUCKETS.iter().copied()) => "admission_review_duration_seconds", "Time to answer one AdmissionReview, from body read to response encoded";
         pub http_errors: Family<ResultLabels, Counter> => "admission_http_errors", "Requests to /validate refused before or instead of review (method_not_allowed, too_large, body_unreadable, body_timeout, large_body_budget, not_json, not_admission_review)";
+        pub crd_guard_reviews: Family<ResultLabels, Counter> => "crd_guard_reviews", "CustomResourceDefinition UPDATE reviews of /validate-crd, by result (unchanged, storage_change, denied, warned_during_migration, unreadable, ignored)";
         pub lease_lookups: Family<ResultLabels, Counter> => "lease_lookups", "Identity lease lookups by result (cache_hit, negative_cache_hit, live_found, live_not_found, error, over_budget)";
         pub lease_view_leases: Gauge => "lease_view_leases", "Identity leases in the watch cache";
         pub lease_view_synced: Gauge => "lease_view_synced", "1 when the lease watch cache has completed its initial list and is watching";

@@ -408,6 +408,162 @@ async fn wait_metric(hook: &Webhook, what: &str, name: &str, labels: &[&str], at
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
 }
 
+/// Registers `hook` as the CRD guard: UPDATEs of CRDs, the product's `matchConditions`,
+/// `failurePolicy: Fail` (so a denial the test sees is the guard's, never a timeout's Ignore).
+async fn register_guard(cp: &ControlPlane, hook: &Webhook, certs: &Certs) {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "storageversion-webhook-crd-guard"},
+        "webhooks": [{
+            "name": "crd-guard.storageversion-webhook.io",
+            "clientConfig": {"url": format!("https://{}/validate-crd", hook.addr),
+                             "caBundle": support::base64(certs.ca_pem.as_bytes())},
+            "rules": [{"apiGroups": ["apiextensions.k8s.io"], "apiVersions": ["v1"],
+                       "resources": ["customresourcedefinitions"], "operations": ["UPDATE"],
+                       "scope": "Cluster"}],
+            "matchConditions": [{"name": "versions-changed",
+                                 "expression": storageversion_webhook::crd::guard::MATCH_CONDITION}],
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": 5
+        }]
+    }))
+    .expect("guard configuration");
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(cp.client.clone());
+    api.create(&PostParams::default(), &vwc)
+        .await
+        .expect("register the CRD guard");
+}
+
+fn guard_reviews(metrics: &str, result: &str) -> f64 {
+    let label = format!("result=\"{result}\"");
+    let labels: Vec<&str> = if result.is_empty() {
+        vec![]
+    } else {
+        vec![label.as_str()]
+    };
+    metric_sum(
+        metrics,
+        "storageversion_webhook_crd_guard_reviews_total",
+        &labels,
+    )
+}
+
+/// The guard on real components, while our rewrite runs (I9): a storage change is denied with a
+/// message that names the migration and says when it is allowed; an update that leaves the
+/// versions alone is never sent to us (`matchConditions`); a version dropped while still in
+/// storedVersions is refused by kube-apiserver before any webhook is called (so the guard
+/// explains the version change at its storage flip instead); once the migration has finished,
+/// the same storage change is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_denies_a_storage_change_during_our_rewrite_and_nothing_else() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let objects = 200;
+    widgets_then_flip(&cp, objects).await;
+    let certs = Certs::generate();
+    let hook = Webhook::start(
+        &cp,
+        &certs,
+        &strs(&migrator_flags(
+            "1s",
+            "300ms",
+            // 200 objects take 20 s.
+            &["--crd-migrate-method=rewrite", "--crd-migrate-rate=10"],
+        )),
+    )
+    .await;
+    register_guard(&cp, &hook, &certs).await;
+    wait_metric(
+        &hook,
+        "the rewrite to be under way",
+        "objects_total",
+        &[],
+        5.0,
+    )
+    .await;
+
+    // The storage version back to v1beta1 while the rewrite to v1 runs: denied.
+    let back = vec![version("v1beta1", true), version("v1", false)];
+    // kube-apiserver may call before the guard has read the record: poll for the denial.
+    let denied = std::sync::Mutex::new(String::new());
+    poll_until(
+        Duration::from_secs(30),
+        "the storage change denied",
+        || async {
+            match replace_versions(&cp, back.clone()).await {
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    *denied.lock().unwrap_or_else(|e| e.into_inner()) = s.message;
+                    true
+                }
+                other => panic!("the storage change was not denied: {other:?}"),
+            }
+        },
+    )
+    .await
+    .expect("denied");
+    let message = denied.into_inner().unwrap_or_else(|e| e.into_inner());
+    for part in [
+        "from v1 to v1beta1",
+        "widgets.example.com-",
+        "Allowed once the migration has finished",
+        STATE_CONFIGMAP,
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+    let crd = get_crd(&cp).await;
+    assert_eq!(
+        crd.storage_version(),
+        Some("v1"),
+        "the denied change was not applied"
+    );
+
+    // A label on the CRD, and a version dropped while still stored: neither reaches the guard.
+    let before = guard_reviews(&hook.metrics().await, "");
+    let api: Api<Crd> = Api::all(cp.client.clone());
+    let label = serde_json::json!({"metadata": {"labels": {"team": "widgets"}}});
+    api.patch(CRD, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("a label change passes");
+    let dropped = replace_versions(&cp, vec![version("v1", true)]).await;
+    match dropped {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 422 && s.message.contains("storedVersions"),
+            "refused by kube-apiserver's validation: {s:?}"
+        ),
+        other => panic!("dropping a stored version must fail: {other:?}"),
+    }
+    assert_eq!(
+        guard_reviews(&hook.metrics().await, ""),
+        before,
+        "no review for updates the guard does not judge"
+    );
+
+    // Once the migration has finished (storedVersions pruned), the change is allowed.
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    poll_until(
+        Duration::from_secs(30),
+        "the storage change allowed",
+        || async { replace_versions(&cp, back.clone()).await.is_ok() },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    let metrics = hook.metrics().await;
+    assert!(guard_reviews(&metrics, "denied") >= 1.0, "{metrics}");
+    assert!(
+        guard_reviews(&metrics, "storage_change") >= 1.0,
+        "{metrics}"
+    );
+}
+
 /// I7 and the deleted CRD on real components: a generation change in the middle of our rewrite
 /// stops it (abandoned, no prune on it) and a second migration, begun after the settle time,
 /// prunes; a storage flip back starts a third, and the CRD deleted in its middle leaves no

@@ -144,6 +144,7 @@ fn deps(leases: Arc<dyn LeaseView>, ready: Arc<ReadyFlag>) -> Deps {
         readiness: ready,
         metrics,
         registry: Arc::new(registry),
+        crd_guard: None,
     }
 }
 

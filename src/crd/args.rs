@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::guard::GuardMode;
 use crate::duration::{parse_duration, parse_positive_duration};
 
 /// Default name of the ConfigMap that records each CRD's last migration.
@@ -49,7 +50,13 @@ pub struct CrdArgs {
     #[arg(long, env = "SVW_CRD_MIGRATE_METHOD", value_enum, default_value_t = MethodChoice::Auto)]
     pub crd_migrate_method: MethodChoice,
 
+    /// What the webhook's CRD guard (`/validate-crd`) does with a change of a CRD's storage
+    /// version while our migration of that CRD runs: deny it, or allow it with a warning.
+    #[arg(long, env = "SVW_CRD_GUARD", value_enum, default_value_t = GuardMode::Deny)]
+    pub crd_guard: GuardMode,
+
     /// ConfigMap (in the leader Lease's namespace) that records each CRD's last migration.
+    /// Every replica reads it for the CRD guard.
     #[arg(long, env = "SVW_CRD_MIGRATE_STATE_CONFIGMAP", default_value = DEFAULT_STATE_CONFIGMAP)]
     pub crd_migrate_state_configmap: String,
 }
@@ -71,6 +78,7 @@ impl Default for CrdArgs {
             crd_migrate_interval: Duration::from_secs(10),
             crd_migrate_rate: 50.0,
             crd_migrate_method: MethodChoice::Auto,
+            crd_guard: GuardMode::Deny,
             crd_migrate_state_configmap: DEFAULT_STATE_CONFIGMAP.to_string(),
         }
     }
@@ -99,12 +107,17 @@ mod tests {
             "--crd-migrate",
             "--crd-migrate-method=rewrite",
             "--crd-migrate-rate=500",
+            "--crd-guard=warn",
         ])
         .expect("parse")
         .c;
         assert!(c.crd_migrate);
         assert_eq!(c.crd_migrate_method, MethodChoice::Rewrite);
         assert_eq!(c.crd_migrate_rate, 500.0);
+        assert_eq!(
+            (d.crd_guard, c.crd_guard),
+            (GuardMode::Deny, GuardMode::Warn)
+        );
         for bad in [
             "--crd-migrate-rate=0",
             "--crd-migrate-rate=nan",

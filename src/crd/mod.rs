@@ -10,10 +10,12 @@
 //! - [`rewrite`]: our own rewrite (paginated, paced, 404/409 handled).
 //! - [`prune`]: the preconditioned write of storedVersions.
 //! - [`migrator`]: the term's work (watch, passes, starts, follow-up).
+//! - [`guard`]: what the webhook's CRD guard says about a CRD update (`/validate-crd`).
 //! - [`args`], [`metrics`].
 
 pub mod args;
 pub mod decide;
+pub mod guard;
 pub mod metrics;
 pub mod migrator;
 pub mod prune;

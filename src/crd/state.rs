@@ -45,6 +45,39 @@ pub async fn load(client: &kube::Client, namespace: &str, name: &str) -> anyhow:
         .collect())
 }
 
+/// The state ConfigMap `namespace/name` as a store fed by a watch of that one object, for the
+/// CRD guard on every replica, and the watch to run (it retries with backoff and never ends
+/// on its own; the text says why if it does). Until its first list the store is empty: the
+/// guard then knows of no migration, and denies nothing.
+pub fn watch(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+) -> (
+    kube::runtime::reflector::Store<k8s_openapi::api::core::v1::ConfigMap>,
+    impl std::future::Future<Output = String> + Send + 'static,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{reflector, watcher, WatchStreamExt};
+
+    let api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let (store, writer) = reflector::store();
+    let what = format!("{namespace}/{name}");
+    let run = async move {
+        let events = watcher(api, config).default_backoff().reflect(writer);
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            if let Err(e) = event {
+                tracing::warn!(configmap = %what, error = %e, "cannot watch the CRD migrator's state (the CRD guard denies nothing until it can)");
+            }
+        }
+        format!("the watch of ConfigMap {what} ended")
+    };
+    (store, run)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

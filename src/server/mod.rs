@@ -51,6 +51,8 @@ pub struct Deps {
     pub metrics: Metrics,
     /// Served on `/metrics`.
     pub registry: Arc<Registry>,
+    /// Answers `/validate-crd` (without it, every CRD review is allowed untouched).
+    pub crd_guard: Option<crate::admission::CrdGuard>,
 }
 
 /// Both listeners, bound, with the certificate loaded: nothing can fail on configuration any more.
@@ -103,6 +105,7 @@ impl Server {
         .with_limits(config.review_limits);
         let validate = validate::ValidateService::new(
             review,
+            deps.crd_guard,
             deps.metrics,
             config.max_request_bytes,
             config.large_body_budget_bytes,
@@ -316,7 +319,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::migrate::spawn(client.clone(), &args.migrate, &args.gc, &gc, &mut registry)?;
     let crd = crate::crd::spawn(client.clone(), &args.crd, &args.gc, &gc, &mut registry)?;
     let report = crate::report::spawn(
-        client,
+        client.clone(),
         &args.report,
         crate::report::ReportInputs {
             gc: &args.gc,
@@ -327,16 +330,38 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         &mut registry,
     )?;
-    let server = Server::bind(
+    // The CRD guard reads the migrator's records only where there is a migrator.
+    let (namespace, state) = (
+        args.gc.leader_lease_namespace(),
+        &args.crd.crd_migrate_state_configmap,
+    );
+    let (records, records_watch) = if args.crd.crd_migrate {
+        let (store, run) = crate::crd::state::watch(client.clone(), &namespace, state);
+        (store, Some(run))
+    } else {
+        (kube::runtime::reflector::store().0, None)
+    };
+    let crd_guard = crate::admission::CrdGuard::new(
+        records,
+        args.crd.crd_guard,
+        args.crd.crd_migrate.then_some(args.crd.crd_migrate_settle),
+        format!("{namespace}/{state}"),
+        metrics.clone(),
+    );
+    let mut server = Server::bind(
         ServerConfig::from(&args),
         Deps {
             leases: Arc::new(crate::leases::coalesce::Coalescing::new(view)),
             readiness,
             metrics,
             registry: Arc::new(registry),
+            crd_guard: Some(crd_guard),
         },
     )
     .await?;
+    if let Some(run) = records_watch {
+        server.watch_task("the CRD guard's watch of the migrator's state", run);
+    }
 
     let stop = CancellationToken::new();
     let signals = {

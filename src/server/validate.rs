@@ -1,6 +1,7 @@
-//! The admission listener's one route, `POST /validate`, as a plain hyper service: the path and
-//! method are matched here, without a general router (axum's cost about 2 µs per request, for one
-//! route). `/validate` with another method gets 405 with `Allow: POST`; any other path 404.
+//! The admission listener's routes, `POST /validate` and `POST /validate-crd` (the CRD guard,
+//! when the server has one), as a plain hyper service: the path and method are matched here,
+//! without a general router (axum's cost about 2 µs per request, for two routes). Either path
+//! with another method gets 405 with `Allow: POST`; any other path 404.
 //!
 //! Nothing here may panic on input: every malformed request gets a 4xx with a message.
 //!
@@ -20,7 +21,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::admission::Admission;
+use crate::admission::{Admission, CrdGuard};
 use crate::metrics::{Metrics, ResultLabels};
 use crate::server::conns::AwaitingBody;
 
@@ -30,12 +31,16 @@ pub type ResponseBody = Full<Bytes>;
 /// The path the webhook is registered on.
 pub const PATH: &str = "/validate";
 
+/// The path of the CRD guard's webhook entry (UPDATEs of CustomResourceDefinitions).
+pub const CRD_PATH: &str = "/validate-crd";
+
 /// `POST /validate`: cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub struct ValidateService(Arc<Validate>);
 
 struct Validate {
     admission: Admission,
+    crd_guard: Option<CrdGuard>,
     metrics: Metrics,
     max_request_bytes: usize,
     /// Bytes of bodies larger than [`SMALL_BODY_BYTES`] that may be held at once.
@@ -55,6 +60,7 @@ impl ValidateService {
     /// largest accepted size always fits.
     pub fn new(
         admission: Admission,
+        crd_guard: Option<CrdGuard>,
         metrics: Metrics,
         max_request_bytes: usize,
         large_body_budget: usize,
@@ -65,6 +71,7 @@ impl ValidateService {
             .min(Semaphore::MAX_PERMITS);
         ValidateService(Arc::new(Validate {
             admission,
+            crd_guard,
             metrics,
             max_request_bytes,
             large_bodies: Arc::new(Semaphore::new(budget)),
@@ -79,9 +86,11 @@ impl ValidateService {
         B::Error: std::fmt::Display,
     {
         let v = &*self.0;
-        if req.uri().path() != PATH {
-            return respond(StatusCode::NOT_FOUND, None, Bytes::new());
-        }
+        let crd = match (req.uri().path(), &v.crd_guard) {
+            (PATH, _) => None,
+            (CRD_PATH, Some(guard)) => Some(guard),
+            _ => return respond(StatusCode::NOT_FOUND, None, Bytes::new()),
+        };
         if req.method() != Method::POST {
             return v.reject(Rejected::MethodNotAllowed(req.method().clone()));
         }
@@ -106,7 +115,11 @@ impl ValidateService {
             Ok(read) => read,
             Err(rejected) => return v.reject(rejected),
         };
-        match v.admission.review(&body).await {
+        let answer = match crd {
+            None => v.admission.review(&body).await,
+            Some(guard) => guard.review(&body),
+        };
+        match answer {
             Ok(json) => respond(StatusCode::OK, Some(JSON), Bytes::from(json)),
             Err(bad) => respond(
                 StatusCode::BAD_REQUEST,
@@ -173,9 +186,7 @@ impl Rejected {
                 extra_header = Some((header::ALLOW, HeaderValue::from_static("POST")));
                 (
                     StatusCode::METHOD_NOT_ALLOWED,
-                    format!(
-                        "method {method} is not allowed on /validate: send AdmissionReviews with POST\n"
-                    ),
+                    format!("method {method} is not allowed: send AdmissionReviews with POST\n"),
                 )
             }
             Rejected::TooLarge => (
