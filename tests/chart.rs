@@ -371,6 +371,19 @@ fn chart_lints_strictly_in_every_mode() {
 fn values_schema_rejects_unknown_keys_and_wrong_types() {
     let cases: &[(&str, &str, &[&str])] = &[
         (
+            "crdGuard.mode=bogus",
+            "crdGuard.mode=warn",
+            &["/crdGuard/mode", "value must be one of"],
+        ),
+        (
+            "crdGuard.failurepolicy=Fail",
+            "crdGuard.failurePolicy=Fail",
+            &[
+                "/crdGuard",
+                "additional properties 'failurepolicy' not allowed",
+            ],
+        ),
+        (
             "replicas=2",
             "replicaCount=2",
             &["additional properties 'replicas' not allowed"],
@@ -595,7 +608,7 @@ fn default_render_is_hardened_and_least_privilege() {
     // ValidatingWebhookConfiguration, with the CA of the Helm-made Secret.
     let vwc = one(&docs, "ValidatingWebhookConfiguration");
     let hook = &vwc["webhooks"][0];
-    assert_eq!(vwc["webhooks"].as_array().unwrap().len(), 1);
+    assert_eq!(vwc["webhooks"].as_array().unwrap().len(), 2);
     assert_eq!(hook["name"], webhook());
     assert_eq!(
         hook["rules"],
@@ -620,6 +633,41 @@ fn default_render_is_hardened_and_least_privilege() {
     assert_eq!(secret["type"], "kubernetes.io/tls");
     assert_eq!(name_of(secret), format!("{FULLNAME}-tls"));
     assert_eq!(hook["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    // The CRD guard: UPDATEs of CRDs whose versions change, on its own path, failing open.
+    let guard = &vwc["webhooks"][1];
+    assert_eq!(guard["name"], format!("crds.{FULLNAME}.{NS}.svc"));
+    assert_eq!(
+        guard["rules"],
+        json!([{
+            "apiGroups": ["apiextensions.k8s.io"],
+            "apiVersions": ["v1"],
+            "resources": ["customresourcedefinitions"],
+            "operations": ["UPDATE"],
+            "scope": "Cluster",
+        }])
+    );
+    assert_eq!(
+        guard["matchConditions"],
+        json!([{"name": "versions-changed",
+                "expression": storageversion_webhook::crd::guard::MATCH_CONDITION}])
+    );
+    assert_eq!(guard["failurePolicy"], "Ignore");
+    assert_eq!(guard["timeoutSeconds"], 3);
+    assert_eq!(guard["sideEffects"], "None");
+    assert_eq!(
+        guard["clientConfig"]["service"],
+        json!({"name": FULLNAME, "namespace": NS, "path": "/validate-crd", "port": 443})
+    );
+    assert_eq!(guard["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    assert!(container_args(&docs).contains(&"--crd-guard=deny".to_string()));
+    let without = render(&["--set".into(), "crdGuard.enabled=false".into()]);
+    let vwc_without = one(&without, "ValidatingWebhookConfiguration");
+    assert_eq!(vwc_without["webhooks"].as_array().unwrap().len(), 1);
+    assert!(!container_args(&without)
+        .iter()
+        .any(|a| a.starts_with("--crd-guard")));
+    let warn = render(&["--set".into(), "crdGuard.mode=warn".into()]);
+    assert!(container_args(&warn).contains(&"--crd-guard=warn".to_string()));
 
     // RBAC: exactly these rules, bound to the chart's ServiceAccount.
     let rules: Vec<(String, String, Value)> = docs
@@ -690,7 +738,7 @@ fn default_render_is_hardened_and_least_privilege() {
             NS,
             json!([
                 {"apiGroups": [""], "resources": ["configmaps"],
-                 "resourceNames": [format!("{FULLNAME}-crd")], "verbs": ["get", "patch"]},
+                 "resourceNames": [format!("{FULLNAME}-crd")], "verbs": ["get", "list", "watch", "patch"]},
                 {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
             ]),
         ),
@@ -880,7 +928,9 @@ fn certificate_modes_render_their_objects() {
         vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
         format!("{NS}/{FULLNAME}-tls")
     );
-    assert!(vwc["webhooks"][0]["clientConfig"]["caBundle"].is_null());
+    for hook in vwc["webhooks"].as_array().unwrap() {
+        assert!(hook["clientConfig"]["caBundle"].is_null());
+    }
     let issuers: BTreeSet<&str> = all_of(&own, "Issuer").into_iter().map(name_of).collect();
     assert_eq!(
         issuers,
@@ -934,8 +984,12 @@ fn certificate_modes_render_their_objects() {
         let given = render(&args);
         assert!(all_of(&given, "Secret").is_empty());
         assert!(all_of(&given, "Certificate").is_empty());
-        let hook = &one(&given, "ValidatingWebhookConfiguration")["webhooks"][0];
-        assert_eq!(hook["clientConfig"]["caBundle"], want_bundle.as_str());
+        for hook in one(&given, "ValidatingWebhookConfiguration")["webhooks"]
+            .as_array()
+            .unwrap()
+        {
+            assert_eq!(hook["clientConfig"]["caBundle"], want_bundle.as_str());
+        }
         let pod = &one(&given, "Deployment")["spec"]["template"]["spec"];
         assert_eq!(
             pod["volumes"][0]["secret"]["secretName"],
@@ -1628,6 +1682,9 @@ async fn chart_rbac_is_enough_for_serve_and_nothing_more() {
             &[],
         ),
         ("patch", &crd_state, &["-n", NS]),
+        // Every replica's CRD guard watches it (a metadata.name field selector).
+        ("watch", &crd_state, &["-n", NS]),
+        ("list", &crd_state, &["-n", NS]),
         // Server-side apply creates the state ConfigMap the first time (create cannot be
         // limited by name).
         ("create", "configmaps", &["-n", NS]),
@@ -1852,6 +1909,9 @@ async fn chart_webhook_configuration_denies_entries_without_a_lease() {
     let mut vwc = rendered.clone();
     vwc["webhooks"][0]["clientConfig"] =
         json!({"url": hook.url(), "caBundle": base64(certs.ca_pem.as_bytes())});
+    // The CRD guard's entry too: kube-apiserver compiles its matchConditions on this create.
+    vwc["webhooks"][1]["clientConfig"] = json!({"url": format!("https://{}/validate-crd", hook.addr),
+                                                "caBundle": base64(certs.ca_pem.as_bytes())});
     let out = kubectl_apply(&cp, &[&vwc], false);
     assert!(
         out.status.success(),
@@ -1859,18 +1919,22 @@ async fn chart_webhook_configuration_denies_entries_without_a_lease() {
         text(&out)
     );
     let stored = kubectl_json(&cp, &["get", "validatingwebhookconfiguration", FULLNAME]);
-    for field in [
-        "name",
-        "rules",
-        "failurePolicy",
-        "matchPolicy",
-        "sideEffects",
-        "timeoutSeconds",
-        "admissionReviewVersions",
-    ] {
+    for (i, field) in (0..2).flat_map(|i| {
+        [
+            "name",
+            "rules",
+            "failurePolicy",
+            "matchPolicy",
+            "sideEffects",
+            "timeoutSeconds",
+            "admissionReviewVersions",
+            "matchConditions",
+        ]
+        .map(|f| (i, f))
+    }) {
         assert_eq!(
-            stored["webhooks"][0][field], rendered["webhooks"][0][field],
-            "{field} differs from the rendered configuration"
+            stored["webhooks"][i][field], rendered["webhooks"][i][field],
+            "webhook {i}: {field} differs from the rendered configuration"
         );
     }
 

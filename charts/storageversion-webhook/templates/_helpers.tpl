@@ -57,6 +57,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (include "svw.fullname" .) .Values.report.name -}}
 {{- end -}}
 
+{{- define "svw.crdGuardWebhookName" -}}
+{{- printf "crds.%s.%s.svc" (include "svw.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
 {{- define "svw.webhookName" -}}
 {{- default (printf "storageversions.%s.%s.svc" (include "svw.fullname" .) .Release.Namespace) .Values.webhook.name -}}
 {{- end -}}
