@@ -506,7 +506,14 @@ impl Migrator {
     }
 
     /// Prunes storedVersions ([`super::prune`]); the next pass decides again whatever happened.
+    ///
+    /// The record's success is written first: a CRD whose storedVersions shows the prune
+    /// also shows, in the state ConfigMap, the migration that allowed it. If that write
+    /// fails, nothing is pruned this pass.
     async fn prune(&self, t: &mut Term, name: &str) {
+        if !self.save_if_dirty(t).await {
+            return;
+        }
         let record = t.memory.as_ref().and_then(|m| m.get(name));
         match super::prune::prune(&self.client, name, record).await {
             Pruned::Pruned { from, to } => {
