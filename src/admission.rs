@@ -115,6 +115,18 @@ impl<'a, O> AdmissionReviewIn<'a, O> {
     }
 }
 
+/// The review with its objects kept as raw JSON; what is not JSON, or not a review, is a bad
+/// review.
+fn parse_review(body: &[u8]) -> Result<AdmissionReviewIn<'_, &RawValue>, BadReview> {
+    serde_json::from_slice(body).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            BadReview::NotJson(e.to_string())
+        } else {
+            BadReview::NotAdmissionReview(e.to_string())
+        }
+    })
+}
+
 fn none<T>() -> Option<T> {
     None
 }
@@ -273,15 +285,7 @@ impl Admission {
         if let Some(review) = decode_fast(body) {
             return self.answer(review).await;
         }
-        let review: AdmissionReviewIn<'_, &RawValue> =
-            serde_json::from_slice(body).map_err(|e| {
-                if e.is_syntax() || e.is_eof() {
-                    BadReview::NotJson(e.to_string())
-                } else {
-                    BadReview::NotAdmissionReview(e.to_string())
-                }
-            })?;
-        self.answer(review).await
+        self.answer(parse_review(body)?).await
     }
 
     async fn answer<O: ReviewObject>(

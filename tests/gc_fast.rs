@@ -445,6 +445,18 @@ impl Rig {
         self.calls("PUT", "/status")
     }
 
+    /// Starts the term and runs it until its second `/status` write, which must carry
+    /// resourceVersion 11 and the entries `want`. Returns the term and the writes.
+    async fn until_the_second_write_at_11(&self, want: Value, why: &str) -> (Term, Vec<Call>) {
+        let term = self
+            .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+            .await;
+        let puts = self.puts();
+        assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
+        assert_eq!(puts[1].body["status"]["storageVersions"], want, "{why}");
+        (term, puts)
+    }
+
     fn metric(&self, name: &str) -> String {
         let text = storageversion_webhook::metrics::encode(&self.registry);
         text.lines()
@@ -612,15 +624,10 @@ async fn a_conflict_reads_again_confirms_again_and_writes_the_fresh_copy() {
         )
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[GONE, LIVE])], script);
-    let term = rig
-        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+    let want = json!([entry(LIVE), entry("apiserver-new")]);
+    let (term, _) = rig
+        .until_the_second_write_at_11(want, "what is left of the fresh copy")
         .await;
-    let puts = rig.puts();
-    assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
-    assert_eq!(
-        puts[1].body["status"]["storageVersions"],
-        json!([entry(LIVE), entry("apiserver-new")])
-    );
     // Confirmed twice, before the batch and again after the re-read; then once after the batch.
     let log = rig.log.lock().unwrap().clone();
     let reread = log
@@ -718,19 +725,13 @@ async fn an_unchanged_entry_rewritten_by_a_returning_apiserver_is_given_back() {
         .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
-    let term = rig
-        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+    let want = json!([entry(LIVE), entry(GONE)]);
+    let (term, puts) = rig
+        .until_the_second_write_at_11(want, "the entry was not given back")
         .await;
-    let puts = rig.puts();
     assert_eq!(
         puts[0].body["status"]["storageVersions"],
         json!([entry(LIVE)])
-    );
-    assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
-    assert_eq!(
-        puts[1].body["status"]["storageVersions"],
-        json!([entry(LIVE), entry(GONE)]),
-        "the entry was not given back"
     );
     assert_eq!(puts[1].body["status"]["futureField"], json!({"kept": true}));
     tokio::time::sleep(Duration::from_secs(120)).await;
@@ -751,16 +752,10 @@ async fn an_entry_removed_by_a_write_that_got_no_answer_is_given_back() {
         .on(get(name), Reply::Json(200, sv(name, "11", &[LIVE])))
         .on(put(), echo());
     let rig = rig(vec![sv(name, "10", &[LIVE, GONE])], script);
-    let term = rig
-        .start_until(Duration::from_secs(120), |r| r.puts().len() == 2)
+    let want = json!([entry(LIVE), entry(GONE)]);
+    let (term, _) = rig
+        .until_the_second_write_at_11(want, "the entry was not given back")
         .await;
-    let puts = rig.puts();
-    assert_eq!(puts[1].body["metadata"]["resourceVersion"], "11");
-    assert_eq!(
-        puts[1].body["status"]["storageVersions"],
-        json!([entry(LIVE), entry(GONE)]),
-        "the entry was not given back"
-    );
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(rig.puts().len(), 2);
     term.stop().await;

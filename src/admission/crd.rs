@@ -14,7 +14,7 @@ use kube::runtime::reflector::Store;
 use serde_json::value::RawValue;
 
 use super::{
-    log_field, AdmissionResponse, AdmissionReviewIn, AdmissionReviewOut, BadReview, ResponseStatus,
+    log_field, parse_review, AdmissionResponse, AdmissionReviewOut, BadReview, ResponseStatus,
     ADMISSION_API_VERSION, ADMISSION_KIND,
 };
 use crate::crd::decide::Record;
@@ -60,15 +60,7 @@ impl CrdGuard {
 
     /// Answers one review; `Err` for a body that is not an AdmissionReview (HTTP 400).
     pub fn review(&self, body: &[u8]) -> Result<Vec<u8>, BadReview> {
-        let review: AdmissionReviewIn<'_, &RawValue> =
-            serde_json::from_slice(body).map_err(|e| {
-                if e.is_syntax() || e.is_eof() {
-                    BadReview::NotJson(e.to_string())
-                } else {
-                    BadReview::NotAdmissionReview(e.to_string())
-                }
-            })?;
-        let req = review.into_request()?;
+        let req = parse_review(body)?.into_request()?;
         let subresource = req.sub_resource.as_deref().unwrap_or("");
         let ours = req.resource.group == types::GROUP
             && req.resource.resource == types::PLURAL
