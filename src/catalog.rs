@@ -1,17 +1,22 @@
-//! `rules`: the catalogue of rule codes, from the one list in [`crate::rules::Code`]. The
-//! README's rule table is `rules --output markdown` (a test keeps them equal).
+//! `rules`: the catalogue of rule codes, from the one list in [`crate::rules::Code`], then the
+//! codes of what `audit` and `serve --report` find besides rule violations, from the one list in
+//! [`FindingCode`]. The README's two tables are `rules --output markdown` (a test keeps them
+//! equal).
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
 use serde::Serialize;
 
+use crate::audit::codes::FindingCode;
 use crate::rules::Code;
 
 #[derive(Clone, Debug, clap::Args)]
 #[command(after_help = "\
 Upstream = kube-apiserver's own validation enforces the rule too. The code is what denials, \
-warnings, logs, metrics labels and the JSON of `check` and `audit` name.")]
+warnings, logs, metrics labels and the JSON of `check` and `audit` name. The findings after the \
+rules are what `audit` and `serve --report` say about storage migrations (built-in resources \
+and CRDs).")]
 pub struct RulesArgs {
     /// Report format.
     #[arg(long, value_enum, default_value_t = RulesOutput::Text)]
@@ -22,57 +27,67 @@ pub struct RulesArgs {
 pub enum RulesOutput {
     /// One line per rule, for people.
     Text,
-    /// A JSON array of `{code, upstream, description}`, for programs.
+    /// A JSON array of `{code, kind, upstream, description}`, for programs (kind: `admission`
+    /// for a rule, `finding` for an audit finding).
     Json,
     /// The Markdown table of the README.
     Markdown,
 }
 
-/// One rule as `rules --output json` prints it.
+/// One rule (or finding) as `rules --output json` prints it.
 #[derive(Debug, Serialize)]
 pub struct RuleInfo {
-    pub code: Code,
+    pub code: &'static str,
+    /// `admission` (a rule of the webhook) or `finding` (of `audit` and `serve --report`).
+    pub kind: &'static str,
     pub upstream: bool,
     pub description: &'static str,
 }
 
-/// Every rule, in [`Code::ALL`] order.
+/// Every rule, in [`Code::ALL`] order, then every finding, in [`FindingCode::ALL`] order.
 pub fn catalogue() -> Vec<RuleInfo> {
-    Code::ALL
-        .iter()
-        .map(|&code| RuleInfo {
-            code,
-            upstream: code.is_upstream(),
-            description: code.description(),
-        })
-        .collect()
+    let rules = Code::ALL.iter().map(|&code| RuleInfo {
+        code: code.as_str(),
+        kind: "admission",
+        upstream: code.is_upstream(),
+        description: code.description(),
+    });
+    let findings = FindingCode::ALL.iter().map(|&code| RuleInfo {
+        code: code.as_str(),
+        kind: "finding",
+        upstream: false,
+        description: code.description(),
+    });
+    rules.chain(findings).collect()
 }
 
 /// The catalogue in `format`, ending in a newline.
 pub fn render(format: RulesOutput) -> String {
-    let rules = catalogue();
+    let all = catalogue();
+    let (rules, findings): (Vec<&RuleInfo>, Vec<&RuleInfo>) =
+        all.iter().partition(|r| r.kind == "admission");
     let mut out = String::new();
     match format {
         RulesOutput::Text => {
-            let width = rules
-                .iter()
-                .map(|r| r.code.as_str().len())
-                .max()
-                .unwrap_or(0);
+            let width = all.iter().map(|r| r.code.len()).max().unwrap_or(0);
             let _ = writeln!(out, "{:width$}  UPSTREAM  RULE", "CODE");
             for r in &rules {
                 let upstream = if r.upstream { "yes" } else { "no" };
                 let _ = writeln!(
                     out,
                     "{:width$}  {upstream:8}  {}",
-                    r.code.as_str(),
+                    r.code,
                     r.description.replace('`', "")
                 );
+            }
+            let _ = writeln!(out, "\n{:width$}  FINDING (audit, serve --report)", "CODE");
+            for r in &findings {
+                let _ = writeln!(out, "{:width$}  {}", r.code, r.description.replace('`', ""));
             }
         }
         RulesOutput::Json => {
             // Serialising static strings and bools cannot fail.
-            out = serde_json::to_string_pretty(&rules).unwrap_or_default();
+            out = serde_json::to_string_pretty(&all).unwrap_or_default();
             out.push('\n');
         }
         RulesOutput::Markdown => {
@@ -80,6 +95,12 @@ pub fn render(format: RulesOutput) -> String {
             for r in &rules {
                 let upstream = if r.upstream { "yes" } else { "no" };
                 let _ = writeln!(out, "| `{}` | {} | {upstream} |", r.code, r.description);
+            }
+            out.push_str(
+                "\nWhat `audit` and `serve --report` find besides rule violations:\n\n| code | finding |\n|---|---|\n",
+            );
+            for r in &findings {
+                let _ = writeln!(out, "| `{}` | {} |", r.code, r.description);
             }
         }
     }
@@ -113,6 +134,20 @@ mod tests {
             );
             assert!(!code.description().is_empty());
         }
+        for &code in FindingCode::ALL {
+            let s = code.as_str();
+            assert!(
+                seen.insert(s),
+                "{s} is both a rule and a finding, or two findings"
+            );
+            assert_eq!(code.to_string(), s);
+            assert_eq!(
+                serde_json::to_value(code).ok(),
+                Some(serde_json::Value::from(s))
+            );
+            assert!(s.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'));
+            assert!(!code.description().is_empty());
+        }
         assert_eq!(
             serde_json::to_value(Code::ApiServerIdInvalid).ok(),
             Some(serde_json::Value::from("apiserverid-invalid"))
@@ -124,17 +159,27 @@ mod tests {
         let v: serde_json::Value =
             serde_json::from_str(&render(RulesOutput::Json)).unwrap_or_default();
         let items = v.as_array().cloned().unwrap_or_default();
-        assert_eq!(items.len(), Code::ALL.len());
+        assert_eq!(items.len(), Code::ALL.len() + FindingCode::ALL.len());
         assert_eq!(items[0]["code"], "name-format");
         assert_eq!(items[0]["upstream"], true);
         assert_eq!(items[20]["code"], "lease-lookup-failed");
         assert_eq!(items[20]["upstream"], false);
+        assert_eq!(items[20]["kind"], "admission");
+        let last = &items[items.len() - 1];
+        assert_eq!(
+            (&last["code"], &last["kind"]),
+            (&"crd-prune-pending".into(), &"finding".into())
+        );
     }
 
     #[test]
     fn text_has_a_line_per_rule() {
         let text = render(RulesOutput::Text);
-        assert_eq!(text.lines().count(), Code::ALL.len() + 1);
+        assert_eq!(
+            text.lines().count(),
+            Code::ALL.len() + 1 + 2 + FindingCode::ALL.len()
+        );
         assert!(text.contains("apiserverid-invalid"));
+        assert!(text.contains("crd-migration-failed"));
     }
 }

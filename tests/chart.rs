@@ -1132,6 +1132,7 @@ fn hooks_render_hardened_and_least_privilege() {
         format!("--webhook={}", webhook()),
         format!("--migrate-state-namespace={NS}"),
         format!("--migrate-state-configmap={FULLNAME}-migrate"),
+        format!("--crd-state-configmap={FULLNAME}-crd"),
     ] {
         assert!(args.contains(&want), "{want} not in {args:?}");
     }
@@ -1162,6 +1163,8 @@ fn hooks_render_hardened_and_least_privilege() {
              "verbs": ["list"]},
             {"apiGroups": ["storagemigration.k8s.io"], "resources": ["storageversionmigrations"],
              "verbs": ["list"]},
+            {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+             "verbs": ["list"]},
         ])
     );
     assert_eq!(
@@ -1172,7 +1175,8 @@ fn hooks_render_hardened_and_least_privilege() {
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
              "verbs": ["list"]},
             {"apiGroups": [""], "resources": ["configmaps"],
-             "resourceNames": [format!("{FULLNAME}-migrate")], "verbs": ["get"]},
+             "resourceNames": [format!("{FULLNAME}-migrate"), format!("{FULLNAME}-crd")],
+             "verbs": ["get"]},
         ])
     );
     assert_eq!(

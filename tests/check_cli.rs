@@ -472,3 +472,78 @@ fn text_logs_to_a_pipe_have_no_colour_codes() {
         "no escape sequences in a piped log: {stderr:?}"
     );
 }
+
+// ---- CRDs: what an apply leaves in storedVersions --------------------------------------------
+
+#[test]
+fn a_crd_apply_says_what_it_leaves_in_stored_versions() {
+    // Without the cluster's CRDs: both cases said, and how to know; nothing fails.
+    let run = check(&[&fixture("crd-v1-only.yaml")]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout.starts_with("widgets.example.com (")
+            && run.stdout.contains("CRD apply): unknown"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("--current"), "{run:?}");
+    assert!(
+        !run.stdout.contains(NOTE),
+        "no lease note without StorageVersions: {run:?}"
+    );
+
+    // Dropping v1beta1 while the cluster still lists it: kube-apiserver's own message, exit 1.
+    let current = fixture("crds-current.yaml");
+    let run = check(&["--current", &current, &fixture("crd-v1-only.yaml")]);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    let line = line_starting(&run, "widgets.example.com (");
+    assert!(line.ends_with("CRD apply): rejected"), "{run:?}");
+    assert!(
+        run.stdout.contains(
+            r#"  status.storedVersions[0]: Invalid value: "v1beta1": must appear in spec.versions"#
+        ),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("serve --crd-migrate"), "{run:?}");
+
+    // The storage flip that comes first: storedVersions keeps both until the migration; a CRD
+    // the cluster does not have yet is created with just its storage version.
+    let run = check(&[
+        "--output",
+        "json",
+        "--current",
+        &current,
+        &fixture("crd-storage-flip.yaml"),
+    ]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let report = json(&run);
+    let crds = report["crds"].as_array().expect("crds");
+    assert_eq!(crds.len(), 2, "{run:?}");
+    assert_eq!(crds[0]["name"], "widgets.example.com");
+    assert_eq!(crds[0]["outcome"], "needs-migration");
+    assert_eq!(
+        crds[0]["storedVersionsBefore"],
+        serde_json::json!(["v1beta1", "v1"])
+    );
+    assert_eq!(
+        crds[0]["storedVersionsAfter"],
+        serde_json::json!(["v1beta1", "v1"])
+    );
+    assert_eq!(crds[0]["source"]["document"], 1);
+    assert_eq!(crds[1]["name"], "gadgets.example.com");
+    assert_eq!(crds[1]["outcome"], "up-to-date");
+    assert_eq!(crds[1]["storedVersionsAfter"], serde_json::json!(["v1"]));
+    assert_eq!(
+        report["summary"]["rejected"],
+        serde_json::Value::Null,
+        "{run:?}"
+    );
+
+    // The file's own status counts when --current does not name the CRD (an exported CRD).
+    let run = check(&[&current]);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("storedVersions: [v1beta1, v1] -> [v1beta1, v1]"),
+        "{run:?}"
+    );
+}

@@ -408,6 +408,17 @@ async fn wait_metric(hook: &Webhook, what: &str, name: &str, labels: &[&str], at
     .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
 }
 
+/// `objects` Widgets stored in v1beta1, the storage flipped to v1, and a replica migrating them
+/// with our own rewrite at `rate` objects per second (settle 1 s). Keep the certificates.
+async fn rewriting(cp: &ControlPlane, objects: usize, rate: &str) -> (Certs, Webhook) {
+    widgets_then_flip(cp, objects).await;
+    let certs = Certs::generate();
+    let rate = format!("--crd-migrate-rate={rate}");
+    let flags = migrator_flags("1s", "300ms", &["--crd-migrate-method=rewrite", &rate]);
+    let hook = Webhook::start(cp, &certs, &strs(&flags)).await;
+    (certs, hook)
+}
+
 /// Registers `hook` as the CRD guard: UPDATEs of CRDs, the product's `matchConditions`,
 /// `failurePolicy: Fail` (so a denial the test sees is the guard's, never a timeout's Ignore).
 async fn register_guard(cp: &ControlPlane, hook: &Webhook, certs: &Certs) {
@@ -463,20 +474,8 @@ fn guard_reviews(metrics: &str, result: &str) -> f64 {
 async fn the_guard_denies_a_storage_change_during_our_rewrite_and_nothing_else() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
-    let objects = 200;
-    widgets_then_flip(&cp, objects).await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(
-        &cp,
-        &certs,
-        &strs(&migrator_flags(
-            "1s",
-            "300ms",
-            // 200 objects take 20 s.
-            &["--crd-migrate-method=rewrite", "--crd-migrate-rate=10"],
-        )),
-    )
-    .await;
+    // 200 objects take 20 s.
+    let (certs, hook) = rewriting(&cp, 200, "10").await;
     register_guard(&cp, &hook, &certs).await;
     wait_metric(
         &hook,
@@ -573,22 +572,8 @@ async fn a_crd_changed_or_deleted_during_the_rewrite() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
     let objects = 300;
-    widgets_then_flip(&cp, objects).await;
-    let certs = Certs::generate();
-    let hook = Webhook::start(
-        &cp,
-        &certs,
-        &strs(&migrator_flags(
-            "1s",
-            "300ms",
-            &[
-                "--crd-migrate-method=rewrite",
-                // 300 objects take 15 s: time to change the CRD in the middle.
-                "--crd-migrate-rate=20",
-            ],
-        )),
-    )
-    .await;
+    // 300 objects take 15 s: time to change the CRD in the middle.
+    let (_certs, hook) = rewriting(&cp, objects, "20").await;
     wait_metric(
         &hook,
         "the rewrite to be under way",
@@ -772,6 +757,123 @@ async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
     );
 }
 
+/// A rewrite every write of which is refused (a ValidatingAdmissionPolicy freezes Widget
+/// updates): the migration fails after its retries, storedVersions is left as it was, nothing
+/// is pruned, and `audit` lists the CRD (before: `crd-stored-versions`; after:
+/// `crd-migration-failed`, naming the migration and why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_migration_leaves_stored_versions_alone_and_audit_lists_it() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    widgets_then_flip(&cp, 20).await;
+    let state = [
+        "--output",
+        "json",
+        "--migrate-state-namespace",
+        NAMESPACE,
+        "--crd-state-configmap",
+        STATE_CONFIGMAP,
+    ];
+    let (code, out, err) = support::audit(&cp, &state);
+    assert_eq!(code, 1, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("audit json");
+    assert_eq!(report["crds"][0]["crd"], CRD, "{out}");
+    assert_eq!(report["crds"][0]["code"], "crd-stored-versions", "{out}");
+
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "freeze-widgets"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [GROUP], "apiVersions": ["*"], "resources": ["widgets"],
+                "operations": ["UPDATE"]}]},
+            "validations": [{"expression": "false", "message": "Widgets are frozen (test)"}],
+        },
+    }))
+    .expect("policy");
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "freeze-widgets"},
+        "spec": {"policyName": "freeze-widgets", "validationActions": ["Deny"]},
+    }))
+    .expect("binding");
+    Api::<ValidatingAdmissionPolicy>::all(cp.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("create the policy");
+    Api::<ValidatingAdmissionPolicyBinding>::all(cp.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create the binding");
+    let api = widgets(&cp, "v1");
+    // Probed with dry runs (admission runs, nothing is stored).
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    poll_until(Duration::from_secs(60), "the policy in force", || async {
+        let Ok(list) = api.list(&kube::api::ListParams::default().limit(1)).await else {
+            return false;
+        };
+        let Some(w) = list.items.into_iter().next() else {
+            return false;
+        };
+        let name = w.metadata.name.clone().unwrap_or_default();
+        matches!(
+            api.replace(&name, &dry_run, &w).await,
+            Err(kube::Error::Api(s)) if s.message.contains("Widgets are frozen")
+        )
+    })
+    .await
+    .expect("the policy denies Widget updates");
+
+    let certs = Certs::generate();
+    let flags = migrator_flags("1s", "300ms", &["--crd-migrate-method=rewrite"]);
+    let hook = Webhook::start(&cp, &certs, &strs(&flags)).await;
+    wait_metric(
+        &hook,
+        "the migration failed",
+        "outcomes_total",
+        &["result=\"failed\""],
+        1.0,
+    )
+    .await;
+    let r = record(&cp).await;
+    let m = r.migration.expect("the migration is recorded");
+    assert_eq!(m.phase, Phase::Failed, "{m:?}");
+    assert!(m.message.contains("Widgets are frozen"), "{m:?}");
+    assert_eq!(get_crd(&cp).await.status.stored_versions, ["v1beta1", "v1"]);
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1beta1".to_string(), 20)]
+            .into_iter()
+            .collect()
+    );
+    let metrics = hook.metrics().await;
+    assert_eq!(crd_metric(&metrics, "prunes_total", &[]), 0.0, "{metrics}");
+
+    let (code, out, err) = support::audit(&cp, &state);
+    assert_eq!(code, 1, "{out}{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).expect("audit json");
+    let finding = &report["crds"][0];
+    assert_eq!(finding["code"], "crd-migration-failed", "{out}");
+    assert_eq!(finding["migration"], m.name.as_str(), "{out}");
+    assert_eq!(finding["method"], "rewrite", "{out}");
+    assert!(
+        finding["problem"]
+            .as_str()
+            .is_some_and(|p| p.contains("Widgets are frozen")),
+        "{out}"
+    );
+    let (_, text, _) = support::audit(&cp, &state[2..]);
+    assert!(
+        text.contains(&format!("{CRD} [crd-migration-failed]")),
+        "{text}"
+    );
+}
+
 /// A control plane without the StorageVersion API (the gate off and the API group not served,
 /// as on most clusters): `serve` starts, becomes ready, migrates CRDs all the same, and says once
 /// (a log line, `gc_storageversion_api_missing 1`) that built-in storage versions are not
@@ -838,6 +940,15 @@ async fn a_cluster_without_the_storageversion_api_migrates_crds() {
         "{logs}"
     );
     assert!(!logs.contains("StorageVersion watch failed"), "{logs}");
+    // `audit` there: the API said to be missing, the CRDs judged (pruned: clean).
+    let (code, out, err) = support::audit(&cp, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with(
+            "the StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not served"
+        ) && out.contains("clean: every CRD's storedVersions is its storage version"),
+        "{out}"
+    );
     assert_eq!(
         metric_sum(
             &hook.metrics().await,

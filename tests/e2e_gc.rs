@@ -904,21 +904,6 @@ async fn deny_webhook_never_blocks_gc_writes() {
     gc.stop().await;
 }
 
-fn audit(cp: &ControlPlane, extra: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_storageversion-webhook"))
-        .arg("audit")
-        .arg("--kubeconfig")
-        .arg(&cp.kubeconfig)
-        .args(extra)
-        .output()
-        .expect("run audit");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 /// `audit`: a clean cluster exits 0; a seeded stale entry is reported with what GC would do
 /// (text and JSON) and exits 1; it writes nothing. A cluster it cannot reach exits 2.
 #[tokio::test(flavor = "multi_thread")]

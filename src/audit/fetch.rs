@@ -37,9 +37,22 @@ where
     }
 }
 
-/// Lists StorageVersions and the Leases in kube-system, then judges them.
-pub async fn audit(client: kube::Client, opts: &AuditOptions) -> anyhow::Result<AuditReport> {
+/// Lists StorageVersions and the Leases in kube-system, then judges them. None when the cluster
+/// does not serve the StorageVersion API (a 404 on the first page).
+pub async fn audit(
+    client: kube::Client,
+    opts: &AuditOptions,
+) -> anyhow::Result<Option<AuditReport>> {
     let svs: Api<StorageVersion> = Api::all(client.clone());
+    match tokio::time::timeout(
+        PAGE_TIMEOUT,
+        svs.list_metadata(&ListParams::default().limit(1)),
+    )
+    .await
+    {
+        Ok(Err(kube::Error::Api(s))) if s.code == 404 => return Ok(None),
+        _ => {}
+    }
     let leases: Api<Lease> = Api::namespaced(client, IDENTITY_LEASE_NAMESPACE);
     let svs = list_all(
         &svs,
@@ -56,5 +69,36 @@ pub async fn audit(client: kube::Client, opts: &AuditOptions) -> anyhow::Result<
         |l: Lease| LeaseRecord::from_lease(&l),
     )
     .await?;
-    Ok(build_report(&svs, &records, opts))
+    Ok(Some(build_report(&svs, &records, opts)))
+}
+
+/// The whole of `audit`: [`audit`], the migration findings of built-in resources
+/// ([`crate::migrate::audit::extend`]) where the StorageVersion API is served, and the CRDs
+/// ([`crate::crd::audit`]) everywhere.
+pub async fn everything(
+    client: kube::Client,
+    opts: &AuditOptions,
+    migrate: &crate::migrate::audit::AuditMigrateArgs,
+) -> anyhow::Result<AuditReport> {
+    let mut report = match audit(client.clone(), opts).await? {
+        Some(mut report) => {
+            crate::migrate::audit::extend(client.clone(), migrate, &mut report).await?;
+            report
+        }
+        None => AuditReport {
+            now: opts.now.to_string(),
+            storage_version_api: false,
+            clean: true,
+            ..AuditReport::default()
+        },
+    };
+    let (crds, memory) = crate::crd::audit::read(
+        client,
+        &migrate.migrate_state_namespace,
+        &migrate.crd_state_configmap,
+    )
+    .await?;
+    report.crds = crate::crd::audit::judge(&crds, &memory);
+    report.clean &= report.crds.is_empty();
+    Ok(report)
 }

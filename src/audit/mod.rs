@@ -1,14 +1,17 @@
 //! `audit`: read-only, against a live cluster. Paginated LISTs of StorageVersions and of the
 //! Leases in `kube-system`; for every entry whose lease is missing, unlabelled or expired, and
-//! every object that breaks a rule, it says so and what the garbage collector would do.
+//! every object that breaks a rule, it says so and what the garbage collector would do. Then
+//! every CRD whose storedVersions is not yet just its storage version ([`crate::crd::audit`]).
+//! On a cluster that does not serve the StorageVersion API it says so and judges the CRDs only.
 //!
 //! Split like `check`: [`args`] (flags), [`report`] (the pure judgement), [`fetch`] (the LISTs),
 //! [`render`] (text), and `run` here.
 //!
-//! Exit status: 0 clean, 1 something is reported (a stale entry, a rule violation, or a change
-//! GC would make), 2 on error (nothing judged).
+//! Exit status: 0 clean, 1 something is reported (a stale entry, a rule violation, a change GC
+//! would make, a migration finding), 2 on error (nothing judged).
 
 pub mod args;
+pub mod codes;
 pub mod fetch;
 pub mod render;
 pub mod report;
@@ -18,7 +21,7 @@ use std::process::ExitCode;
 use k8s_openapi::jiff::Timestamp;
 
 pub use args::{AuditArgs, AuditOutput};
-pub use fetch::audit;
+pub use fetch::{audit, everything};
 pub use render::render_text;
 pub use report::{build_report, AuditOptions, AuditReport, GcAction, ObjectViolation, StaleEntry};
 
@@ -44,9 +47,7 @@ pub fn run(args: AuditArgs) -> ExitCode {
     };
     let result = runtime.block_on(async {
         let client = crate::kubeclient::client(args.kubeconfig.as_deref()).await?;
-        let mut report = audit(client.clone(), &opts).await?;
-        crate::migrate::audit::extend(client, &args.migrate, &mut report).await?;
-        anyhow::Ok(report)
+        everything(client, &opts, &args.migrate).await
     });
     let report = match result {
         Ok(r) => r,

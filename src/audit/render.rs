@@ -7,15 +7,28 @@ use crate::model::IDENTITY_LEASE_NAMESPACE;
 pub fn render_text(r: &AuditReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} StorageVersions, {} identity leases in {IDENTITY_LEASE_NAMESPACE}, judged at {}",
-        r.storage_versions, r.identity_leases, r.now
-    );
-    if r.clean {
+    if r.storage_version_api {
         let _ = writeln!(
             out,
-            "clean: every entry names a live apiserver, no rule is broken, GC would change nothing"
+            "{} StorageVersions, {} identity leases in {IDENTITY_LEASE_NAMESPACE}, judged at {}",
+            r.storage_versions, r.identity_leases, r.now
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "the StorageVersion API (internal.apiserver.k8s.io/v1alpha1) is not served: built-in storage versions are not visible on this cluster; CRDs judged at {}",
+            r.now
+        );
+    }
+    if r.clean {
+        let what = if r.storage_version_api {
+            "every entry names a live apiserver, no rule is broken, GC would change nothing, "
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "clean: {what}every CRD's storedVersions is its storage version"
         );
         return out;
     }
@@ -67,12 +80,14 @@ pub fn render_text(r: &AuditReport) -> String {
         }
     }
     out.push_str(&crate::migrate::audit::render_text(&r.stale_storage));
+    out.push_str(&crate::crd::audit::render_text(&r.crds));
     let _ = writeln!(
         out,
-        "\n{} stale entries, {} rule violations, {} objects GC would change",
+        "\n{} stale entries, {} rule violations, {} objects GC would change, {} CRDs not done",
         r.stale_entries.len(),
         r.violations.len(),
-        r.gc_actions.len()
+        r.gc_actions.len(),
+        r.crds.len()
     );
     out
 }

@@ -28,6 +28,12 @@ pub struct AuditReport {
     /// Resources whose stored objects may still be in an older version (see docs/migration.md).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub stale_storage: Vec<crate::migrate::audit::StaleStorage>,
+    /// False when the cluster does not serve the StorageVersion API (the gate off): nothing
+    /// above was judged, and only the CRDs were.
+    pub storage_version_api: bool,
+    /// CRDs whose storedVersions is not yet just the storage version (docs/crd.md).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub crds: Vec<crate::crd::audit::CrdFinding>,
     pub clean: bool,
 }
 
@@ -91,6 +97,7 @@ pub fn build_report(
         now: opts.now.to_string(),
         storage_versions: svs.len(),
         identity_leases: leases.iter().filter(|l| l.is_apiserver()).count(),
+        storage_version_api: true,
         ..AuditReport::default()
     };
     for sv in svs {

@@ -26,7 +26,13 @@ fn load_and_judge(bytes: &[u8]) {
     let loaded = objects::load(&path);
     let _ = std::fs::remove_file(&path);
     match loaded {
-        Ok((subjects, _skipped)) => {
+        Ok(found) => {
+            for c in &found.crds {
+                let before = (!c.crd.status.stored_versions.is_empty())
+                    .then_some(c.crd.status.stored_versions.as_slice());
+                let _ = crate::crd::upgrade::judge(&c.crd, before);
+            }
+            let subjects = found.subjects;
             let opts = RuleOptions {
                 now: "2026-01-01T00:00:00Z".parse().expect("a timestamp"),
                 lease_skew_allowance: Duration::from_secs(30),

@@ -6,6 +6,10 @@
 //! [`StaticLeases`]: present means found, absent means NotFound. Without `--leases` every lookup is
 //! [`LeaseLookup::Unknown`], so the live-lease rule is skipped, and the report says so.
 //!
+//! CustomResourceDefinitions in the files are judged as applies: what each leaves in
+//! `status.storedVersions` ([`crate::crd::upgrade`]), against the CRD as it is in the cluster
+//! (`--current`, or the file's own status), without a cluster.
+//!
 //! Every input is read and decoded before anything is judged. If any input cannot be used, only
 //! the errors are printed (no verdicts) and the exit status is 2.
 
@@ -44,10 +48,13 @@ const EXIT_INPUT: u8 = 2;
 Each FILE (or - for standard input, at most once) is YAML, possibly several `---` documents, or \
 JSON. It may hold StorageVersion objects, StorageVersionLists, `kind: List`s (items of other \
 kinds are reported as skipped) and admission.k8s.io/v1 AdmissionReviews (request.object is \
-judged, with request.oldObject as the stored object).
+judged, with request.oldObject as the stored object). CustomResourceDefinitions (and lists of \
+them) are judged as an apply: what it leaves in status.storedVersions, and whether \
+kube-apiserver rejects it.
 
-Exit status: 0 when every object is allowed (possibly with warnings), 1 when any is denied, \
-2 for usage errors or input that cannot be read (then only the errors are printed).")]
+Exit status: 0 when every object is allowed (possibly with warnings) and no CRD apply is \
+rejected, 1 when any is denied or rejected, 2 for usage errors or input that cannot be read \
+(then only the errors are printed).")]
 pub struct CheckArgs {
     /// Identity Leases (Lease, LeaseList or `kind: List`, e.g. the output of
     /// `kubectl get leases -n kube-system -o yaml`); only leases in kube-system count. May be
@@ -61,10 +68,17 @@ pub struct CheckArgs {
     /// (e.g. 30s, 1m30s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub lease_skew_allowance: Duration,
+    /// The CRDs as they are in the cluster now (e.g. `kubectl get crd -o yaml`): their
+    /// status.storedVersions is what an apply of a CRD of the same name starts from. May be
+    /// repeated. A CRD in FILE that is not in any of them is taken as new (with --current
+    /// given), or judged from its own status.storedVersions when it has one.
+    #[arg(long = "current", value_name = "FILE")]
+    pub current: Vec<PathBuf>,
     /// Report format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-    /// Files holding StorageVersions, lists of them or AdmissionReviews (`-` for standard input).
+    /// Files holding StorageVersions, lists of them, AdmissionReviews or CRDs (`-` for
+    /// standard input).
     #[arg(value_name = "FILE", required = true)]
     pub files: Vec<PathBuf>,
 }
@@ -81,6 +95,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
     let stdin_uses = args
         .leases
         .iter()
+        .chain(&args.current)
         .chain(&args.files)
         .filter(|p| p.as_path() == Path::new(STDIN_ARG))
         .count();
@@ -89,7 +104,7 @@ pub fn run(args: CheckArgs) -> ExitCode {
         return ExitCode::from(EXIT_INPUT);
     }
 
-    let (leases, subjects, skipped) = match load(&args) {
+    let (leases, subjects, crds, skipped) = match load(&args) {
         Ok(loaded) => loaded,
         Err(errors) => {
             for e in errors {
@@ -110,7 +125,13 @@ pub fn run(args: CheckArgs) -> ExitCode {
             ObjectResult::new(s, evaluation)
         })
         .collect();
-    let report = Report::new(leases.is_some(), results, skipped);
+    let crds = crds
+        .into_iter()
+        .map(|(source, crd, before)| {
+            report::CrdResult::new(source, crate::crd::upgrade::judge(&crd, before.as_deref()))
+        })
+        .collect();
+    let report = Report::new(leases.is_some(), results, skipped).with_crds(crds);
 
     let rendered = match args.output {
         OutputFormat::Text => Ok(report.to_text()),
@@ -127,14 +148,22 @@ pub fn run(args: CheckArgs) -> ExitCode {
         return ExitCode::from(EXIT_INPUT);
     }
 
-    if report.summary.denied > 0 {
+    if report.summary.denied > 0 || report.summary.rejected > 0 {
         ExitCode::from(EXIT_DENIED)
     } else {
         ExitCode::SUCCESS
     }
 }
 
-type Loaded = (Option<StaticLeases>, Vec<Subject>, Vec<report::Skip>);
+/// A CRD to judge, with the storedVersions its apply starts from (None: not known).
+type CrdInput = (report::Source, crate::crd::types::Crd, Option<Vec<String>>);
+
+type Loaded = (
+    Option<StaticLeases>,
+    Vec<Subject>,
+    Vec<CrdInput>,
+    Vec<report::Skip>,
+);
 
 /// Reads and decodes every input. Collects the first error of each file.
 fn load(args: &CheckArgs) -> Result<Loaded, Vec<InputError>> {
@@ -146,13 +175,43 @@ fn load(args: &CheckArgs) -> Result<Loaded, Vec<InputError>> {
             Err(e) => errors.push(e),
         }
     }
+    let mut current = std::collections::BTreeMap::new();
+    for path in &args.current {
+        match objects::load(path) {
+            Ok(found) => {
+                for c in found.crds {
+                    current.insert(c.crd.name().to_string(), c.crd.status.stored_versions);
+                }
+                if !found.subjects.is_empty() {
+                    eprintln!(
+                        "warning: {}: --current takes CRDs; its StorageVersions are ignored",
+                        path.display()
+                    );
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
     let mut subjects = Vec::new();
+    let mut crds = Vec::new();
     let mut skipped = Vec::new();
     for path in &args.files {
         match objects::load(path) {
-            Ok((s, k)) => {
-                subjects.extend(s);
-                skipped.extend(k);
+            Ok(found) => {
+                subjects.extend(found.subjects);
+                skipped.extend(found.skipped);
+                for c in found.crds {
+                    let before = match current.get(c.crd.name()) {
+                        Some(stored) => Some(stored.clone()),
+                        None if !c.crd.status.stored_versions.is_empty() => {
+                            Some(c.crd.status.stored_versions.clone())
+                        }
+                        // Given the cluster's CRDs, one not among them is created.
+                        None if !args.current.is_empty() => Some(Vec::new()),
+                        None => None,
+                    };
+                    crds.push((c.source, c.crd, before));
+                }
             }
             Err(e) => errors.push(e),
         }
@@ -161,7 +220,7 @@ fn load(args: &CheckArgs) -> Result<Loaded, Vec<InputError>> {
         return Err(errors);
     }
     let leases = (!args.leases.is_empty()).then(|| StaticLeases::new(records));
-    Ok((leases, subjects, skipped))
+    Ok((leases, subjects, crds, skipped))
 }
 
 /// Judges one write exactly as the webhook does, with the leases from files (if any).

@@ -1,4 +1,5 @@
-//! The objects `check` judges: StorageVersions, lists of them, and AdmissionReviews.
+//! The objects `check` judges: StorageVersions, lists of them, and AdmissionReviews; and
+//! CustomResourceDefinitions (and lists of them), whose apply it judges ([`crate::crd::upgrade`]).
 
 use std::path::Path;
 
@@ -6,6 +7,7 @@ use serde::de::Deserializer;
 use serde::Deserialize;
 
 use crate::admission::{ADMISSION_API_VERSION, ADMISSION_KIND};
+use crate::crd::types::{Crd, API_VERSION as CRD_API_VERSION, KIND as CRD_KIND};
 use crate::model::{StorageVersion, API_VERSION, GROUP, KIND, LIST_KIND, PLURAL};
 
 use super::input::{
@@ -57,6 +59,9 @@ enum ObjectShape {
     /// A list; `true` for the items that are StorageVersions.
     List(Vec<bool>),
     Review,
+    Crd,
+    /// A list holding CRDs; `true` for the items that are.
+    CrdList(Vec<bool>),
     Reject(String),
 }
 
@@ -64,6 +69,22 @@ enum ObjectDoc {
     One(Box<StorageVersion>),
     List(Vec<Option<StorageVersion>>),
     Review(Box<Review>),
+    Crd(Box<Crd>),
+    CrdList(Vec<Option<Crd>>),
+}
+
+/// A CRD of a file, to judge the apply of.
+pub struct CrdSubject {
+    pub source: Source,
+    pub crd: Crd,
+}
+
+/// Everything `check` found in one file.
+#[derive(Default)]
+pub struct Loaded {
+    pub subjects: Vec<Subject>,
+    pub crds: Vec<CrdSubject>,
+    pub skipped: Vec<Skip>,
 }
 
 impl Shape for ObjectShape {
@@ -76,6 +97,8 @@ impl Shape for ObjectShape {
             }
             ObjectShape::List(wanted) => decode_items(d, wanted).map(ObjectDoc::List),
             ObjectShape::Review => Review::deserialize(d).map(|r| ObjectDoc::Review(Box::new(r))),
+            ObjectShape::Crd => Crd::deserialize(d).map(|c| ObjectDoc::Crd(Box::new(c))),
+            ObjectShape::CrdList(wanted) => decode_items(d, wanted).map(ObjectDoc::CrdList),
             ObjectShape::Reject(why) => reject(d, why),
         }
     }
@@ -86,8 +109,22 @@ fn is_storage_version(api_version: Option<&str>, kind: Option<&str>, kind_option
     kind_ok && api_version.is_none_or(|v| v == API_VERSION)
 }
 
+fn is_crd(api_version: Option<&str>, kind: Option<&str>) -> bool {
+    kind == Some(CRD_KIND) && api_version.is_none_or(|v| v == CRD_API_VERSION)
+}
+
 fn object_shape(h: &Header) -> ObjectShape {
     let api_version = h.api_version.as_deref();
+    let crd_items = || -> Vec<bool> {
+        h.items
+            .iter()
+            .map(|i| is_crd(i.api_version.as_deref(), i.kind.as_deref()) || i.kind.is_none())
+            .collect()
+    };
+    let any_crd = h
+        .items
+        .iter()
+        .any(|i| is_crd(i.api_version.as_deref(), i.kind.as_deref()));
     let items = |kind_optional: bool| -> Vec<bool> {
         h.items
             .iter()
@@ -96,6 +133,19 @@ fn object_shape(h: &Header) -> ObjectShape {
     };
     match h.kind.as_deref() {
         Some(KIND) if is_storage_version(api_version, Some(KIND), false) => ObjectShape::One,
+        Some(CRD_KIND) if is_crd(api_version, Some(CRD_KIND)) => ObjectShape::Crd,
+        Some("CustomResourceDefinitionList")
+            if api_version.is_none_or(|v| v == CRD_API_VERSION) =>
+        {
+            ObjectShape::CrdList(crd_items())
+        }
+        // A generic List with CRDs in it (`kubectl get crd -o yaml`): its CRDs are judged.
+        Some("List") if any_crd && api_version.is_none_or(|v| v == "v1") => ObjectShape::CrdList(
+            h.items
+                .iter()
+                .map(|i| is_crd(i.api_version.as_deref(), i.kind.as_deref()))
+                .collect(),
+        ),
         // Items of a typed list may leave out their kind; those of a generic List may not.
         Some(LIST_KIND) if api_version.is_none_or(|v| v == API_VERSION) => {
             ObjectShape::List(items(true))
@@ -104,18 +154,24 @@ fn object_shape(h: &Header) -> ObjectShape {
         Some(ADMISSION_KIND) if api_version == Some(ADMISSION_API_VERSION) => ObjectShape::Review,
         kind => ObjectShape::Reject(format!(
             "{}: expected a StorageVersion or StorageVersionList ({API_VERSION}), a List of \
-             them, or an AdmissionReview ({ADMISSION_API_VERSION})",
+             them, an AdmissionReview ({ADMISSION_API_VERSION}), or a CustomResourceDefinition \
+             ({CRD_API_VERSION}) or a list of them",
             describe_kind(api_version, kind)
         )),
     }
 }
 
-/// The writes to judge in one file, and the list items (or reviews) that are not judged.
-pub fn load(path: &Path) -> Result<(Vec<Subject>, Vec<Skip>), InputError> {
+/// The writes to judge in one file, its CRDs, and the list items (or reviews) that are not
+/// judged.
+pub fn load(path: &Path) -> Result<Loaded, InputError> {
     let file = read_input(path)?;
     let docs = decode_file(&file, object_shape)?;
-    let mut subjects = Vec::new();
-    let mut skipped = Vec::new();
+    let mut loaded = Loaded::default();
+    let Loaded {
+        subjects,
+        crds,
+        skipped,
+    } = &mut loaded;
     for doc in docs {
         let source = |item: Option<usize>| Source {
             file: file.name.clone(),
@@ -144,6 +200,27 @@ pub fn load(path: &Path) -> Result<(Vec<Subject>, Vec<Skip>), InputError> {
                     }
                 }
             }
+            ObjectDoc::Crd(crd) => crds.push(CrdSubject {
+                source: source(None),
+                crd: *crd,
+            }),
+            ObjectDoc::CrdList(items) => {
+                for (i, item) in items.into_iter().enumerate() {
+                    match item {
+                        Some(crd) => crds.push(CrdSubject {
+                            source: source(Some(i)),
+                            crd,
+                        }),
+                        None => skipped.push(Skip {
+                            source: source(Some(i)),
+                            reason: format!(
+                                "{} is not a CustomResourceDefinition (in a list of CRDs; give StorageVersions in a file or list of their own)",
+                                doc.header.items.get(i).map_or_else(|| "the item".to_string(), describe_item)
+                            ),
+                        }),
+                    }
+                }
+            }
             ObjectDoc::Review(review) => match review_subject(*review, source(None)) {
                 Ok(subject) => subjects.push(subject),
                 Err(ReviewOutcome::Skip(skip)) => skipped.push(skip),
@@ -157,7 +234,7 @@ pub fn load(path: &Path) -> Result<(Vec<Subject>, Vec<Skip>), InputError> {
             },
         }
     }
-    Ok((subjects, skipped))
+    Ok(loaded)
 }
 
 fn skipped_item(source: Source, header: Option<&ItemHeader>) -> Skip {

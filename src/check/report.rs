@@ -88,6 +88,20 @@ impl ObjectResult {
     }
 }
 
+/// The verdict on applying one CRD.
+#[derive(Clone, Debug, Serialize)]
+pub struct CrdResult {
+    pub source: Source,
+    #[serde(flatten)]
+    pub verdict: crate::crd::upgrade::Verdict,
+}
+
+impl CrdResult {
+    pub fn new(source: Source, verdict: crate::crd::upgrade::Verdict) -> Self {
+        CrdResult { source, verdict }
+    }
+}
+
 /// Something in the input that is not judged (a list item of another kind, an AdmissionReview
 /// the webhook would not judge).
 #[derive(Clone, Debug, Serialize)]
@@ -102,6 +116,13 @@ pub struct Summary {
     pub warnings: usize,
     pub denied: usize,
     pub skipped: usize,
+    /// CRD applies kube-apiserver would reject.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rejected: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -110,6 +131,9 @@ pub struct Report {
     /// False when no `--leases` was given: the live-lease rule was skipped.
     pub lease_rule_checked: bool,
     pub results: Vec<ObjectResult>,
+    /// The CRDs, each judged as an apply.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub crds: Vec<CrdResult>,
     pub skipped: Vec<Skip>,
     pub summary: Summary,
 }
@@ -122,13 +146,25 @@ impl Report {
             warnings: count(Verdict::Warnings),
             denied: count(Verdict::Denied),
             skipped: skipped.len(),
+            rejected: 0,
         };
         Report {
             lease_rule_checked,
             results,
+            crds: Vec::new(),
             skipped,
             summary,
         }
+    }
+
+    /// The report with the verdicts on CRD applies.
+    pub fn with_crds(mut self, crds: Vec<CrdResult>) -> Self {
+        self.summary.rejected = crds
+            .iter()
+            .filter(|c| c.verdict.outcome == crate::crd::upgrade::Outcome::Rejected)
+            .count();
+        self.crds = crds;
+        self
     }
 
     pub fn to_json(&self) -> serde_json::Result<String> {
@@ -142,11 +178,30 @@ impl Report {
         for r in &self.results {
             write_result(&mut out, r);
         }
+        for c in &self.crds {
+            write_crd(&mut out, c);
+        }
         for s in &self.skipped {
             let _ = writeln!(out, "skipped ({}): {}", s.source, s.reason);
         }
-        if !self.results.is_empty() || !self.skipped.is_empty() {
+        if !self.results.is_empty() || !self.skipped.is_empty() || !self.crds.is_empty() {
             out.push('\n');
+        }
+        if !self.crds.is_empty() {
+            let count = |o| self.crds.iter().filter(|c| c.verdict.outcome == o).count();
+            use crate::crd::upgrade::Outcome;
+            let _ = writeln!(
+                out,
+                "{} checked: {} up to date, {} needing a migration, {} rejected, {} unknown (no --current)",
+                plural(self.crds.len(), "CRD apply"),
+                count(Outcome::UpToDate),
+                count(Outcome::NeedsMigration),
+                count(Outcome::Rejected),
+                count(Outcome::Unknown)
+            );
+            if self.results.is_empty() {
+                return out;
+            }
         }
         if !self.lease_rule_checked {
             let _ = writeln!(out, "note: {LEASE_RULE_NOT_CHECKED}");
@@ -194,6 +249,35 @@ fn write_result(out: &mut String, r: &ObjectResult) {
             let _ = write!(out, " ({note})");
         }
         out.push('\n');
+    }
+}
+
+fn write_crd(out: &mut String, c: &CrdResult) {
+    let v = &c.verdict;
+    let name = if v.name.is_empty() {
+        "<no name>"
+    } else {
+        &v.name
+    };
+    let _ = writeln!(
+        out,
+        "{name} ({}, CRD apply): {}",
+        c.source,
+        v.outcome.as_str()
+    );
+    if let Some(after) = &v.stored_versions_after {
+        let before = v
+            .stored_versions_before
+            .as_ref()
+            .filter(|b| !b.is_empty())
+            .map_or_else(
+                || "(created)".to_string(),
+                |b| format!("[{}]", b.join(", ")),
+            );
+        let _ = writeln!(out, "  storedVersions: {before} -> [{}]", after.join(", "));
+    }
+    for m in &v.messages {
+        let _ = writeln!(out, "  {m}");
     }
 }
 

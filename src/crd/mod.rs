@@ -10,10 +10,13 @@
 //! - [`rewrite`]: our own rewrite (paginated, paced, 404/409 handled).
 //! - [`prune`]: the preconditioned write of storedVersions.
 //! - [`migrator`]: the term's work (watch, passes, starts, follow-up).
+//! - [`audit`]: what `audit` and `--report` say about CRDs.
 //! - [`guard`]: what the webhook's CRD guard says about a CRD update (`/validate-crd`).
+//! - [`upgrade`]: what applying a CRD leaves in storedVersions (`check crd.yaml`).
 //! - [`args`], [`metrics`].
 
 pub mod args;
+pub mod audit;
 pub mod decide;
 pub mod guard;
 pub mod metrics;
@@ -22,6 +25,7 @@ pub mod prune;
 pub mod rewrite;
 pub mod state;
 pub mod types;
+pub mod upgrade;
 
 use prometheus_client::registry::Registry;
 

@@ -564,10 +564,7 @@ async fn audit(client: &kube::Client, args: &SelftestArgs) -> anyhow::Result<()>
         lease_skew_allowance: defaults.lease_skew_allowance,
         gc_expired_lease_grace: None,
     };
-    let mut report = crate::audit::audit(client.clone(), &opts)
-        .await
-        .context("audit failed")?;
-    crate::migrate::audit::extend(client.clone(), &args.migrate, &mut report)
+    let report = crate::audit::everything(client.clone(), &opts, &args.migrate)
         .await
         .context("audit failed")?;
     println!("audit:");

@@ -22,6 +22,10 @@ pub struct AuditMigrateArgs {
     /// Name of the migration state ConfigMap.
     #[arg(long, value_name = "NAME", default_value = super::args::DEFAULT_STATE_CONFIGMAP)]
     pub migrate_state_configmap: String,
+    /// Name of the CRD migrator's state ConfigMap (`serve --crd-migrate-state-configmap`), in
+    /// the same namespace.
+    #[arg(long, value_name = "NAME", default_value = crate::crd::args::DEFAULT_STATE_CONFIGMAP)]
+    pub crd_state_configmap: String,
 }
 
 /// One resource whose stored objects may still be in another version.

@@ -14,15 +14,13 @@ use super::types::{
     ClusterReport, Configuration, Limits, ReportResult, Severity, Status, Summary, API_VERSION,
     KIND,
 };
+use crate::audit::codes::FindingCode;
 use crate::audit::AuditReport;
 use crate::model::StorageVersion;
 use crate::rules::Code;
 
 /// `policy` of every result, and the report's `source`.
 pub const POLICY: &str = "storageversion-webhook";
-/// The rule of a resource whose stored objects may still be in another version (audit's
-/// "stale storage"; not an admission rule, so not a [`Code`]).
-pub const STALE_STORAGE_RULE: &str = "stale-storage";
 /// Annotation: how many findings are not listed in `results` (they are counted in `summary`).
 pub const OMITTED_ANNOTATION: &str = "storageversion-webhook.io/omitted-results";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -203,8 +201,7 @@ fn findings(audit: &AuditReport, uids: &HashMap<&str, &str>) -> Vec<ReportResult
             "keeps the entry (expired leases count as gone only with --gc-expired-lease-grace)"
         };
         out.push(result(
-            &e.storage_version,
-            uids,
+            sv_ref(&e.storage_version, uids),
             &e.problem,
             "stale entry",
             Status::Fail,
@@ -224,8 +221,7 @@ fn findings(audit: &AuditReport, uids: &HashMap<&str, &str>) -> Vec<ReportResult
             Severity::Medium
         };
         out.push(result(
-            &v.storage_version,
-            uids,
+            sv_ref(&v.storage_version, uids),
             &v.code,
             "rule violation",
             Status::Fail,
@@ -254,9 +250,8 @@ fn findings(audit: &AuditReport, uids: &HashMap<&str, &str>) -> Vec<ReportResult
             props.push(("phase", p));
         }
         out.push(result(
-            &s.storage_version,
-            uids,
-            STALE_STORAGE_RULE,
+            sv_ref(&s.storage_version, uids),
+            FindingCode::StaleStorage.as_str(),
             "storage migration",
             status,
             severity,
@@ -264,13 +259,57 @@ fn findings(audit: &AuditReport, uids: &HashMap<&str, &str>) -> Vec<ReportResult
             props,
         ));
     }
+    for c in &audit.crds {
+        let (status, severity) = match c.code {
+            FindingCode::CrdMigrationFailed => (Status::Fail, Severity::High),
+            FindingCode::CrdStoredVersions => (Status::Warn, Severity::Medium),
+            _ => (Status::Warn, Severity::Low),
+        };
+        let stored = c.stored_versions.join(", ");
+        let mut props = vec![
+            ("fix", c.fix.as_str()),
+            ("storageVersion", c.storage_version.as_str()),
+            ("storedVersions", stored.as_str()),
+        ];
+        if let Some(m) = &c.migration {
+            props.push(("migration", m));
+        }
+        if let Some(m) = c.method {
+            props.push(("method", m));
+        }
+        let resource = ObjectReference {
+            api_version: Some(crate::crd::types::API_VERSION.to_string()),
+            kind: Some(crate::crd::types::KIND.to_string()),
+            name: Some(c.crd.clone()),
+            uid: (!c.uid.is_empty()).then(|| c.uid.clone()),
+            ..ObjectReference::default()
+        };
+        out.push(result(
+            resource,
+            c.code.as_str(),
+            "CRD storage migration",
+            status,
+            severity,
+            &c.problem,
+            props,
+        ));
+    }
     out
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The StorageVersion a result is about.
+fn sv_ref(storage_version: &str, uids: &HashMap<&str, &str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(crate::model::API_VERSION.to_string()),
+        kind: Some(crate::model::KIND.to_string()),
+        name: Some(storage_version.to_string()),
+        uid: uids.get(storage_version).map(|u| u.to_string()),
+        ..ObjectReference::default()
+    }
+}
+
 fn result<'a>(
-    storage_version: &str,
-    uids: &HashMap<&str, &str>,
+    resource: ObjectReference,
     rule: &str,
     category: &str,
     status: Status,
@@ -286,13 +325,7 @@ fn result<'a>(
         result: Some(status),
         message: Some(cut(message, MAX_MESSAGE_BYTES)),
         scored: None,
-        resources: vec![ObjectReference {
-            api_version: Some(crate::model::API_VERSION.to_string()),
-            kind: Some(crate::model::KIND.to_string()),
-            name: Some(storage_version.to_string()),
-            uid: uids.get(storage_version).map(|u| u.to_string()),
-            ..ObjectReference::default()
-        }],
+        resources: vec![resource],
         properties: properties
             .into_iter()
             .map(|(k, v)| (k.to_string(), cut(v, MAX_PROPERTY_BYTES)))
@@ -568,5 +601,61 @@ mod tests {
         assert!(!c.same_findings(&content(&failed, &svs(), 1000)));
         // A bound that changes is a change.
         assert!(!c.same_findings(&content(&audit(), &svs(), 2)));
+    }
+
+    #[test]
+    fn crd_findings_are_results_about_the_crd() {
+        use crate::crd::decide::{Method, Record, Snapshot};
+        let crd = |name: &str| Snapshot {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            generation: 1,
+            established: true,
+            storage: Some("v1".into()),
+            stored: vec!["v1beta1".into(), "v1".into()],
+            ..Snapshot::default()
+        };
+        let (a, b) = (crd("a.example.com"), crd("b.example.com"));
+        let mut failed = Record::begin(&b, "b-1", 1, Method::Rewrite).expect("storage");
+        if let Some(m) = failed.migration.as_mut() {
+            m.phase = crate::crd::decide::Phase::Failed;
+            m.message = "forbidden".into();
+        }
+        let memory = [("b.example.com".to_string(), failed)]
+            .into_iter()
+            .collect();
+        let report = AuditReport {
+            crds: crate::crd::audit::judge(&[a, b], &memory),
+            ..AuditReport::default()
+        };
+        let c = content(&report, &[], 100);
+        assert_eq!((c.summary.fail, c.summary.warn, c.summary.pass), (1, 1, 0));
+        // Fails first: the failed migration, then the CRD still to migrate.
+        let rules: Vec<_> = c.results.iter().map(|r| r.rule.as_deref()).collect();
+        assert_eq!(
+            rules,
+            [Some("crd-migration-failed"), Some("crd-stored-versions")]
+        );
+        let failed = &c.results[0];
+        let about = &failed.resources[0];
+        assert_eq!(about.kind.as_deref(), Some("CustomResourceDefinition"));
+        assert_eq!(
+            about.api_version.as_deref(),
+            Some("apiextensions.k8s.io/v1")
+        );
+        assert_eq!(about.name.as_deref(), Some("b.example.com"));
+        assert_eq!(about.uid.as_deref(), Some("uid-b.example.com"));
+        assert_eq!(
+            failed.properties.get("migration").map(String::as_str),
+            Some("b-1")
+        );
+        assert_eq!(
+            failed.properties.get("storedVersions").map(String::as_str),
+            Some("v1beta1, v1")
+        );
+        assert!(failed
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("forbidden")));
     }
 }

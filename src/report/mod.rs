@@ -1,6 +1,6 @@
 //! The policy report (`serve --report`, docs/report.md): while this replica leads the garbage
 //! collector's election, keep one OpenReports `ClusterReport` (`openreports.io/v1alpha1`) with a
-//! result per StorageVersion finding of `audit`, bounded in size, updated within a second or so
+//! result per finding of `audit` (StorageVersions, and CRDs with `--crd-migrate`), bounded in size, updated within a second or so
 //! of a change and at every resync.
 //!
 //! - [`types`]: the ClusterReport wire types.
@@ -31,6 +31,7 @@ pub struct ReportInputs<'a> {
     pub leader: &'a crate::gc::GcHandle,
     pub leases: crate::leases::LeaseStore,
     pub migrate: &'a crate::migrate::MigrateArgs,
+    pub crd: &'a crate::crd::CrdArgs,
     pub lease_skew_allowance: Duration,
 }
 
@@ -57,12 +58,19 @@ pub fn spawn(
                     inputs.migrate.migrate_state_configmap.clone(),
                 )
             }),
+            crd_state: inputs.crd.crd_migrate.then(|| {
+                (
+                    inputs.gc.leader_lease_namespace(),
+                    inputs.crd.crd_migrate_state_configmap.clone(),
+                )
+            }),
         };
         tracing::info!(
             report = %cfg.name,
             max_results = cfg.max_results,
             resync_interval = ?cfg.resync_interval,
             migration_findings = cfg.migrate_state.is_some(),
+            crd_findings = cfg.crd_state.is_some(),
             "policy report enabled (ClusterReport openreports.io/v1alpha1; written while this replica leads)"
         );
         Reporter::new(

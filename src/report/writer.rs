@@ -10,7 +10,12 @@
 //!   store's watch filters out) is settled by one paginated LIST of the Leases in `kube-system`,
 //!   at most every [`LEASE_LIST_MAX_AGE`] (and at each resync);
 //! - with `--migrate`: the migration state ConfigMap and the StorageVersionMigrations, read at
-//!   each resync.
+//!   each resync;
+//! - with `--crd-migrate`: every CRD (one paginated LIST, schemas skipped) and the CRD
+//!   migrator's state ConfigMap, read at each resync ([`crate::crd::audit`]).
+//!
+//! On a cluster without the StorageVersion API the collector's store counts as listed (empty)
+//! once the API is found not served, so the CRD findings are reported there too.
 //!
 //! Nothing is judged from inputs that are not there: before the StorageVersion store has listed,
 //! while the lease store is not synced or stale, or when the LIST fails, the report is left as
@@ -60,6 +65,8 @@ pub struct ReportConfig {
     pub gc_expired_lease_grace: Option<Duration>,
     /// Namespace and name of the migration state ConfigMap (with `--migrate`).
     pub migrate_state: Option<(String, String)>,
+    /// Namespace and name of the CRD migrator's state ConfigMap (with `--crd-migrate`).
+    pub crd_state: Option<(String, String)>,
 }
 
 pub struct Reporter {
@@ -79,6 +86,8 @@ struct Term {
     listed: Option<(Instant, Vec<LeaseRecord>)>,
     /// The migration state and migrations, as last read (with `--migrate`).
     migrations: Option<(Memory, Vec<StorageVersionMigration>, svm::ApiVersion)>,
+    /// Every CRD and the CRD migrator's records, as last read (with `--crd-migrate`).
+    crds: Option<(Vec<crate::crd::decide::Snapshot>, crate::crd::state::Memory)>,
     /// After a failed write: not before this.
     retry_at: Option<Instant>,
     backoff: Option<Duration>,
@@ -213,6 +222,20 @@ impl Reporter {
             }
             if let Some((memory, migrations, v)) = &t.migrations {
                 report.stale_storage = crate::migrate::audit::judge(&svs, memory, migrations, *v);
+            }
+        }
+        if let Some((namespace, configmap)) = &self.cfg.crd_state {
+            if why == Why::Resync || t.crds.is_none() {
+                match crate::crd::audit::read(self.client.clone(), namespace, configmap).await {
+                    Ok(read) => t.crds = Some(read),
+                    Err(e) => {
+                        self.metrics.error("read_crds");
+                        tracing::warn!(error = %format!("{e:#}"), "cannot read the CRDs or the CRD migrator's state for the report; its CRD findings are left out");
+                    }
+                }
+            }
+            if let Some((crds, memory)) = &t.crds {
+                report.crds = crate::crd::audit::judge(crds, memory);
             }
         }
         let content = build::content(&report, &svs, self.cfg.max_results);

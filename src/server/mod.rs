@@ -326,6 +326,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             leader: &gc,
             leases,
             migrate: &args.migrate,
+            crd: &args.crd,
             lease_skew_allowance: args.lease_skew_allowance,
         },
         &mut registry,

@@ -416,6 +416,23 @@ pub fn live_identity_lease(name: &str) -> Lease {
     identity_lease(name, Some(IDENTITY_LABEL_VALUE), Duration::ZERO)
 }
 
+/// `storageversion-webhook audit --kubeconfig <the control plane's> EXTRA`, run as the real
+/// binary: its exit status, stdout and stderr.
+pub fn audit(cp: &ControlPlane, extra: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_storageversion-webhook"))
+        .arg("audit")
+        .arg("--kubeconfig")
+        .arg(&cp.kubeconfig)
+        .args(extra)
+        .output()
+        .expect("run audit");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 pub fn leases(cp: &ControlPlane) -> Api<Lease> {
     Api::namespaced(cp.client.clone(), "kube-system")
 }
