@@ -499,7 +499,7 @@ fn a_crd_apply_says_what_it_leaves_in_stored_versions() {
     assert!(line.ends_with("CRD apply): rejected"), "{run:?}");
     assert!(
         run.stdout.contains(
-            r#"  status.storedVersions[0]: Invalid value: "v1beta1": must appear in spec.versions"#
+            r#"  status.storedVersions[0]: Invalid value: "v1beta1": missing from spec.versions; v1beta1 was previously a storage version"#
         ),
         "{run:?}"
     );

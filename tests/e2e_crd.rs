@@ -113,12 +113,45 @@ async fn a_storage_version_flip_is_finished_by_our_own_rewrite() {
 /// Kubernetes 1.37 serves storagemigration.k8s.io/v1: `auto` creates a StorageVersionMigration,
 /// kube-controller-manager's storage-version-migrator rewrites the objects and prunes
 /// storedVersions itself (its `StorageMigrating` condition says so); we write no storedVersions.
+/// On the support matrix's other minors (`SVW_KUBE_VERSION`): 1.35 and 1.36 with the beta API
+/// turned on as an operator would (`storagemigration.k8s.io/v1beta1`, the
+/// `StorageVersionMigrator` gate on kube-apiserver and kube-controller-manager), the same in
+/// v1beta1; 1.34, whose API is not one we use, our own rewrite with kube-controller-manager's
+/// migrator running beside it: the two never fight there either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storage_version_flip_is_finished_by_kube_controller_managers_migrator() {
     let _serial = serial().await;
-    let cp = ControlPlane::up().await;
-    kcm_start(&cp, &[KCM_MIGRATOR]);
-    flip_and_migrate(&cp, Method::Svm, 50).await;
+    let minor = support::ha::tested_minor();
+    let gate = "--feature-gates=StorageVersionMigrator=true";
+    let beta = matches!(minor.as_str(), "1.35" | "1.36");
+    let cp = if beta {
+        let on = format!("--runtime-config=storagemigration.k8s.io/v1beta1=true {gate}");
+        ControlPlane::up_with_env(&[], &[("SVW_APISERVER_EXTRA_ARGS", on.as_str())]).await
+    } else {
+        ControlPlane::up().await
+    };
+    let served = svm::ApiVersion::discover(&cp.client)
+        .await
+        .expect("discovery");
+    let method = match minor.as_str() {
+        "1.34" => {
+            assert_eq!(
+                served, None,
+                "1.34 serves no StorageVersionMigration API of ours"
+            );
+            Method::Rewrite
+        }
+        _ => {
+            assert!(served.is_some(), "{minor} serves StorageVersionMigrations");
+            Method::Svm
+        }
+    };
+    if beta {
+        kcm_start(&cp, &[KCM_MIGRATOR, gate]);
+    } else {
+        kcm_start(&cp, &[KCM_MIGRATOR]);
+    }
+    flip_and_migrate(&cp, method, 50).await;
 }
 
 /// `objects` Widgets written in v1beta1, then the storage version flipped to v1 (storedVersions
@@ -293,7 +326,12 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
     assert_eq!(m("started_total", &[&label]), 1.0, "{metrics}");
     if method == Method::Svm {
         // Our migration, named as recorded, and succeeded.
-        let svms: Api<StorageVersionMigration> = Api::all(cp.client.clone());
+        // In the version the cluster serves them in (v1, or v1beta1 on 1.35 and 1.36).
+        let served = svm::ApiVersion::discover(&cp.client)
+            .await
+            .expect("discovery")
+            .expect("a StorageVersionMigration API");
+        let svms: Api<StorageVersionMigration> = Api::all_with(cp.client.clone(), &served);
         let ours = svms
             .list(&kube::api::ListParams::default().labels(&format!(
                 "{}={}",
@@ -755,6 +793,70 @@ async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
             .into_iter()
             .collect()
     );
+}
+
+/// The walk-through `scripts/run` prints and the README shows, with its very files
+/// (`tests/fixtures/crd/`), through `kubectl`: a CRD stored in v1beta1, one Widget, the storage
+/// flipped to v1; dropping v1beta1 is refused; the migrator finishes the change with no command
+/// of the user's; then dropping v1beta1 goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walkthrough_of_a_crd_version_change() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up().await;
+    let kubectl = |verb: &str, file: &str| {
+        let path = support::repo_root().join("tests/fixtures/crd").join(file);
+        let out = cp
+            .kubectl()
+            .args([verb, "-f"])
+            .arg(&path)
+            .output()
+            .expect("run kubectl");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = kubectl("apply", "widgets-v1beta1.yaml");
+    assert!(ok, "{err}");
+    poll_until(Duration::from_secs(30), "the CRD established", || async {
+        get_crd(&cp).await.snapshot().established
+    })
+    .await
+    .expect("established");
+    poll_until(Duration::from_secs(30), "the Widget created", || async {
+        kubectl("create", "widget.yaml").0
+    })
+    .await
+    .expect("create the Widget");
+    let (ok, err) = kubectl("apply", "widgets-v1-storage.yaml");
+    assert!(ok, "{err}");
+    let (ok, err) = kubectl("apply", "widgets-v1-only.yaml");
+    assert!(
+        !ok && err.contains(r#"status.storedVersions[0]: Invalid value: "v1beta1""#),
+        "dropping v1beta1 before the migration: {err}"
+    );
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1beta1".to_string(), 1)]
+            .into_iter()
+            .collect()
+    );
+
+    let certs = Certs::generate();
+    // As scripts/run starts it: no kube-controller-manager there, so our own rewrite.
+    let flags = migrator_flags("1s", "300ms", &["--crd-migrate-method=rewrite"]);
+    let hook = Webhook::start(&cp, &certs, &strs(&flags)).await;
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(&cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), 1)].into_iter().collect()
+    );
+    let (ok, err) = kubectl("apply", "widgets-v1-only.yaml");
+    assert!(ok, "dropping v1beta1 after the migration: {err}");
 }
 
 /// A rewrite every write of which is refused (a ValidatingAdmissionPolicy freezes Widget

@@ -1,7 +1,8 @@
 //! What applying a CRD leaves in `status.storedVersions` (`check crd.yaml`, offline), by the
 //! rules kube-apiserver keeps: a new CRD's storedVersions is `[storage version]`; an update
 //! appends the new storage version when it is not listed yet and removes nothing; and the
-//! update is rejected when a listed version is not in the new `spec.versions`. Pure.
+//! update is rejected when a listed version is not in the new `spec.versions` (with
+//! kube-apiserver 1.37's message; older minors word it `must appear in spec.versions`). Pure.
 
 use serde::Serialize;
 
@@ -89,7 +90,7 @@ pub fn judge(new: &Crd, before: Option<&[String]>) -> Verdict {
         .filter(|(_, v)| !in_spec(v))
         .map(|(i, v)| {
             format!(
-                "status.storedVersions[{i}]: Invalid value: {v:?}: must appear in spec.versions"
+                "status.storedVersions[{i}]: Invalid value: {v:?}: missing from spec.versions; {v} was previously a storage version, and must remain in spec.versions until a storage migration ensures no data remains persisted in {v} and removes {v} from status.storedVersions"
             )
         })
         .collect();
@@ -177,9 +178,12 @@ mod tests {
         let v = judge(&dropped, Some(&s(&["v1beta1", "v1"])));
         assert_eq!(v.outcome, Outcome::Rejected);
         assert_eq!(v.stored_versions_after, None);
-        assert_eq!(
-            v.messages[0],
-            r#"status.storedVersions[0]: Invalid value: "v1beta1": must appear in spec.versions"#
+        assert!(
+            v.messages[0].starts_with(
+                r#"status.storedVersions[0]: Invalid value: "v1beta1": missing from spec.versions; v1beta1 was previously a storage version"#
+            ),
+            "{:?}",
+            v.messages
         );
         assert!(
             v.messages[1].contains("keeps it in spec.versions"),
