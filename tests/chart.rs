@@ -1332,6 +1332,32 @@ fn hook_flags_are_accepted_by_the_binary() {
 async fn rendered_objects_pass_server_side_dry_run() {
     let _serial = serial().await;
     let cp = ControlPlane::up().await;
+    every_mode_passes_a_server_side_dry_run(&cp);
+}
+
+/// The same on a kube-apiserver without the StorageVersion API (the gate off and the group not
+/// served, as on most clusters): the chart installs there as it is.
+#[tokio::test(flavor = "multi_thread")]
+async fn rendered_objects_pass_server_side_dry_run_without_the_storageversion_api() {
+    let _serial = serial().await;
+    let cp = ControlPlane::up_with_env(
+        &[],
+        &[(
+            "SVW_APISERVER_EXTRA_ARGS",
+            "--feature-gates=StorageVersionAPI=false --runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
+        )],
+    )
+    .await;
+    let svs = cp
+        .kubectl()
+        .args(["get", "--raw", "/apis/internal.apiserver.k8s.io/v1alpha1"])
+        .output()
+        .expect("kubectl");
+    assert!(!svs.status.success(), "the StorageVersion API is served");
+    every_mode_passes_a_server_side_dry_run(&cp);
+}
+
+fn every_mode_passes_a_server_side_dry_run(cp: &ControlPlane) {
     let certs = Certs::generate();
     ok(
         cp.kubectl().args(["apply", "-f"]).arg(fixture("crds")),
@@ -1347,7 +1373,7 @@ async fn rendered_objects_pass_server_side_dry_run() {
         ]),
         None,
     );
-    create_namespace(&cp, NS);
+    create_namespace(cp, NS);
     for mode in modes(&certs.ca_file) {
         let docs = render(&mode.args);
         // A Pod (the helm test hook) passes admission only if its ServiceAccount exists; a dry
@@ -1363,7 +1389,7 @@ async fn rendered_objects_pass_server_side_dry_run() {
             );
         }
         let refs: Vec<&Value> = docs.iter().collect();
-        let out = kubectl_apply(&cp, &refs, true);
+        let out = kubectl_apply(cp, &refs, true);
         let output = text(&out);
         assert!(
             out.status.success(),
