@@ -1340,14 +1340,7 @@ async fn rendered_objects_pass_server_side_dry_run() {
 #[tokio::test(flavor = "multi_thread")]
 async fn rendered_objects_pass_server_side_dry_run_without_the_storageversion_api() {
     let _serial = serial().await;
-    let cp = ControlPlane::up_with_env(
-        &[],
-        &[(
-            "SVW_APISERVER_EXTRA_ARGS",
-            "--feature-gates=StorageVersionAPI=false --runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
-        )],
-    )
-    .await;
+    let cp = ControlPlane::without_storageversion_api().await;
     let svs = cp
         .kubectl()
         .args(["get", "--raw", "/apis/internal.apiserver.k8s.io/v1alpha1"])

@@ -418,6 +418,15 @@ async fn flip_and_migrate(cp: &ControlPlane, method: Method, objects: usize) {
     );
 }
 
+/// Waits (up to 2 minutes) for storedVersions to be `[v1]`; the webhook's log on a timeout.
+async fn wait_pruned(cp: &ControlPlane, hook: &Webhook) {
+    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
+        get_crd(cp).await.status.stored_versions == ["v1"]
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+}
+
 /// Our record of the CRD in the state ConfigMap.
 async fn record(cp: &ControlPlane) -> storageversion_webhook::crd::decide::Record {
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -581,11 +590,7 @@ async fn the_guard_denies_a_storage_change_during_our_rewrite_and_nothing_else()
     );
 
     // Once the migration has finished (storedVersions pruned), the change is allowed.
-    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
-        get_crd(&cp).await.status.stored_versions == ["v1"]
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    wait_pruned(&cp, &hook).await;
     poll_until(
         Duration::from_secs(30),
         "the storage change allowed",
@@ -644,11 +649,7 @@ async fn a_crd_changed_or_deleted_during_the_rewrite() {
     );
     assert!(crd_metric(&metrics, "objects_total", &[]) < objects as f64);
     // The second migration, begun after the settle time on the new generation, prunes.
-    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
-        get_crd(&cp).await.status.stored_versions == ["v1"]
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    wait_pruned(&cp, &hook).await;
     let m = record(&cp).await.migration.expect("the second migration");
     assert_eq!(
         (m.sequence, m.phase, m.generation),
@@ -766,11 +767,7 @@ async fn a_new_leader_resumes_the_rewrite_under_the_same_name() {
     assert_eq!((begun.sequence, begun.phase), (1, Phase::Running));
     replicas[leader].kill();
     let other = &replicas[1 - leader];
-    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
-        get_crd(&cp).await.status.stored_versions == ["v1"]
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", other.logs_text()));
+    wait_pruned(&cp, other).await;
     let done = record(&cp).await.migration.expect("recorded");
     assert_eq!(
         (done.name.as_str(), done.sequence, done.phase),
@@ -846,11 +843,7 @@ async fn the_walkthrough_of_a_crd_version_change() {
     // As scripts/run starts it: no kube-controller-manager there, so our own rewrite.
     let flags = migrator_flags("1s", "300ms", &["--crd-migrate-method=rewrite"]);
     let hook = Webhook::start(&cp, &certs, &strs(&flags)).await;
-    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
-        get_crd(&cp).await.status.stored_versions == ["v1"]
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    wait_pruned(&cp, &hook).await;
     assert_eq!(
         stored_counts(&cp),
         [("example.com/v1".to_string(), 1)].into_iter().collect()
@@ -983,14 +976,7 @@ async fn a_failed_migration_leaves_stored_versions_alone_and_audit_lists_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_without_the_storageversion_api_migrates_crds() {
     let _serial = serial().await;
-    let cp = ControlPlane::up_with_env(
-        &[],
-        &[(
-            "SVW_APISERVER_EXTRA_ARGS",
-            "--feature-gates=StorageVersionAPI=false --runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
-        )],
-    )
-    .await;
+    let cp = ControlPlane::without_storageversion_api().await;
     let svs = support::storage_versions(&cp)
         .list(&Default::default())
         .await;
@@ -1010,11 +996,7 @@ async fn a_cluster_without_the_storageversion_api_migrates_crds() {
         )),
     )
     .await;
-    poll_until(Duration::from_secs(120), "storedVersions [v1]", || async {
-        get_crd(&cp).await.status.stored_versions == ["v1"]
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}; logs:\n{}", hook.logs_text()));
+    wait_pruned(&cp, &hook).await;
     assert_eq!(
         stored_counts(&cp),
         [("example.com/v1".to_string(), 50)].into_iter().collect()

@@ -54,6 +54,19 @@ impl ControlPlane {
     }
 
     /// `run up <args>` with `env` (e.g. `SVW_APISERVER_EXTRA_ARGS`).
+    /// A control plane whose kube-apiserver has no StorageVersion API (the gate off and the
+    /// group not served), as most clusters run it.
+    pub async fn without_storageversion_api() -> ControlPlane {
+        ControlPlane::up_with_env(
+            &[],
+            &[(
+                "SVW_APISERVER_EXTRA_ARGS",
+                "--feature-gates=StorageVersionAPI=false --runtime-config=internal.apiserver.k8s.io/v1alpha1=false",
+            )],
+        )
+        .await
+    }
+
     pub async fn up_with_env(args: &[&str], env: &[(&str, &str)]) -> ControlPlane {
         let dir = tempfile::Builder::new()
             .prefix("svw-cp-")
