@@ -116,7 +116,7 @@ fn one(crd: &Snapshot, memory: &Memory) -> Option<CrdFinding> {
                     FindingCode::CrdPrunePending,
                     Some(m),
                     format!(
-                        "StorageVersionMigration {} succeeded; kube-controller-manager's migrator sets storedVersions to [{storage}]",
+                        "StorageVersionMigration {} succeeded; kube-controller-manager's migrator sets storedVersions to [{storage}] (where it has not within a minute, as 1.35's never does, the leader does)",
                         m.name
                     ),
                     "nothing (if this stays: does kube-controller-manager run storage-version-migrator-controller? else use --crd-migrate-method=rewrite)".to_string(),

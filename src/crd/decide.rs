@@ -56,12 +56,20 @@ pub struct Fingerprint {
     stored: Vec<String>,
 }
 
+/// How long, after our StorageVersionMigration succeeded, we leave the prune to
+/// kube-controller-manager's migrator before we prune ourselves. Its migrator prunes in the same
+/// reconcile that sees the success from 1.36 on (`finishCRDMigration`); 1.35's never prunes
+/// (measured: `scripts/matrix 1.35`), and a CRD would stay unfinished there.
+pub const KCM_PRUNE_GRACE: Duration = Duration::from_secs(60);
+
 /// Since when a CRD has looked the same (in memory only: a restart restarts the settle time,
-/// which can only delay a migration).
+/// which can only delay a migration), and since when this term has waited for
+/// kube-controller-manager's prune of it (likewise: a new leader waits again).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
     pub fingerprint: Fingerprint,
     pub since: Instant,
+    pub awaiting_prune: Option<Instant>,
 }
 
 impl Seen {
@@ -72,8 +80,19 @@ impl Seen {
             _ => Seen {
                 fingerprint,
                 since: now,
+                awaiting_prune: None,
             },
         }
+    }
+
+    /// After `decision` at `now`: the wait for kube-controller-manager's prune starts at the
+    /// first [`Decision::AwaitPrune`] and ends with any other decision.
+    pub fn after(mut self, decision: &Decision, now: Instant) -> Seen {
+        self.awaiting_prune = match decision {
+            Decision::AwaitPrune => Some(self.awaiting_prune.unwrap_or(now)),
+            _ => None,
+        };
+        self
     }
 }
 
@@ -82,7 +101,8 @@ impl Seen {
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     /// A StorageVersionMigration, run by kube-controller-manager's migrator, which also prunes
-    /// storedVersions when it succeeds: we only verify.
+    /// storedVersions when it succeeds from 1.36 on: we verify, and prune after
+    /// [`KCM_PRUNE_GRACE`] where it does not (1.35).
     Svm,
     /// We rewrite every object ourselves, then prune.
     Rewrite,
@@ -212,7 +232,8 @@ pub enum Decision {
     /// resourceVersion this decision was made on.
     Prune { storage: String },
     /// Our StorageVersionMigration succeeded: kube-controller-manager's migrator prunes; we wait
-    /// and verify, and never write storedVersions ourselves.
+    /// [`KCM_PRUNE_GRACE`] and verify (then [`Decision::Prune`]: one whose migrator does not
+    /// prune, as 1.35's, leaves it to us).
     AwaitPrune,
     /// Our migration for this very need failed: not retried until the CRD changes.
     Failed,
@@ -282,7 +303,17 @@ pub fn decide(
                     storage: storage.to_string(),
                 }
             }
-            (Phase::Succeeded, Method::Svm) => return Decision::AwaitPrune,
+            (Phase::Succeeded, Method::Svm) => {
+                let waited = seen
+                    .awaiting_prune
+                    .map(|since| now.saturating_duration_since(since));
+                return match waited {
+                    Some(w) if w >= KCM_PRUNE_GRACE => Decision::Prune {
+                        storage: storage.to_string(),
+                    },
+                    _ => Decision::AwaitPrune,
+                };
+            }
             (Phase::Failed, _) => return Decision::Failed,
             (Phase::Running, _) | (Phase::Abandoned, _) => {}
         }
@@ -333,7 +364,6 @@ fn abandon_reason(m: &Migration, crd: &Snapshot) -> String {
 pub fn pruned(crd: &Snapshot, record: Option<&Record>) -> Option<Vec<String>> {
     let m = Record::of(record, crd)?.migration.as_ref()?;
     let ok = m.phase == Phase::Succeeded
-        && m.method == Method::Rewrite
         && m.covers(crd)
         && crd.established
         && !crd.terminating

@@ -239,7 +239,6 @@ impl Migrator {
                 method,
                 highest,
             );
-            t.seen.insert(name.clone(), seen);
             // A StorageVersionMigration of ours that ended: record its outcome, decide again.
             if decision == Decision::Run {
                 if let (Some(m), Some((_, list))) = (
@@ -260,7 +259,7 @@ impl Migrator {
                                 decision = decide::decide(
                                     &snap,
                                     record.as_ref(),
-                                    &Seen::observe(t.seen.get(&name), &snap, now),
+                                    &seen,
                                     now,
                                     self.cfg.settle,
                                     method,
@@ -271,6 +270,7 @@ impl Migrator {
                     }
                 }
             }
+            t.seen.insert(name.clone(), seen.after(&decision, now));
             *counts.entry(decision.state()).or_default() += 1;
             self.log_decision(t, &name, &decision);
             self.act(t, &crd, &decision, ours.as_ref(), wake).await;
@@ -645,7 +645,8 @@ impl Migrator {
             Decision::Settle { remaining } => tracing::info!(crd = name, remaining = ?remaining,
                 "storedVersions lists versions besides the storage version; migrating once the CRD has held still for the settle time"),
             Decision::AwaitPrune => tracing::info!(crd = name,
-                "our StorageVersionMigration succeeded; kube-controller-manager's migrator prunes storedVersions"),
+                grace = ?decide::KCM_PRUNE_GRACE,
+                "our StorageVersionMigration succeeded; kube-controller-manager's migrator prunes storedVersions (if it has not within the grace, as 1.35's never does, we prune)"),
             Decision::Failed => tracing::warn!(crd = name,
                 "the last migration of this CRD failed; storedVersions is left alone until the CRD changes"),
             Decision::NoMethod => tracing::warn!(crd = name,

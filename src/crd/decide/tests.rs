@@ -28,7 +28,7 @@ fn step(
 ) -> Decision {
     let s = Seen::observe(seen.as_ref(), c, now);
     let d = decide(c, r, &s, now, SETTLE, method, 0);
-    *seen = Some(s);
+    *seen = Some(s.after(&d, now));
     d
 }
 
@@ -250,16 +250,51 @@ fn kube_controller_manager_pruning_first_leaves_us_nothing_to_do() {
         );
         assert_eq!(pruned(&pruned_by_kcm, Some(&r)), None);
     }
-    // Ours was a StorageVersionMigration: we wait for kube-controller-manager's prune and
-    // never write storedVersions ourselves.
+    // Ours was a StorageVersionMigration: we leave the prune to kube-controller-manager for
+    // KCM_PRUNE_GRACE (from the first time we see it pending), and prune ourselves after that
+    // (1.35's migrator never prunes); a change of the CRD in between starts the wait again.
     let mut r = Record::begin(&began, "m-1", 1, Method::Svm).expect("storage");
     finish(&mut r, Phase::Succeeded);
     let mut seen = None;
+    let t1 = t0 + SETTLE * 10;
+    for at in [
+        t1,
+        t1 + KCM_PRUNE_GRACE / 2,
+        t1 + KCM_PRUNE_GRACE - Duration::from_millis(1),
+    ] {
+        assert_eq!(
+            step(&began, Some(&r), &mut seen, at, Some(Method::Svm)),
+            Decision::AwaitPrune
+        );
+    }
     assert_eq!(
-        step(&began, Some(&r), &mut seen, t0, Some(Method::Svm)),
+        step(
+            &began,
+            Some(&r),
+            &mut seen,
+            t1 + KCM_PRUNE_GRACE,
+            Some(Method::Svm)
+        ),
+        Decision::Prune {
+            storage: "v1".into()
+        }
+    );
+    assert_eq!(pruned(&began, Some(&r)), Some(vec!["v1".to_string()]));
+    // A version joined storedVersions: the migration no longer covers, nothing is pruned.
+    let joined = crd("v1", &["v1alpha1", "v1beta1", "v1"], 2);
+    assert_eq!(pruned(&joined, Some(&r)), None);
+    // A new term (no memory of the wait) waits again.
+    let mut fresh = None;
+    assert_eq!(
+        step(
+            &began,
+            Some(&r),
+            &mut fresh,
+            t1 + KCM_PRUNE_GRACE * 3,
+            Some(Method::Svm)
+        ),
         Decision::AwaitPrune
     );
-    assert_eq!(pruned(&began, Some(&r)), None);
 }
 
 #[test]
@@ -326,6 +361,7 @@ fn a_failed_migration_is_not_retried_for_the_same_need_and_numbers_only_grow() {
     let s = Seen {
         fingerprint: c2.fingerprint(),
         since: t0,
+        awaiting_prune: None,
     };
     assert_eq!(
         decide(
