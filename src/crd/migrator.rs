@@ -230,15 +230,11 @@ impl Migrator {
                 .as_ref()
                 .map(|(_, l)| highest_sequence(l, &name, &snap.uid))
                 .unwrap_or(0);
-            let mut decision = decide::decide(
-                &snap,
-                record.as_ref(),
-                &seen,
-                now,
-                self.cfg.settle,
-                method,
-                highest,
-            );
+            let settle = self.cfg.settle;
+            let decide_on = |record: Option<&decide::Record>| {
+                decide::decide(&snap, record, &seen, now, settle, method, highest)
+            };
+            let mut decision = decide_on(record.as_ref());
             // A StorageVersionMigration of ours that ended: record its outcome, decide again.
             if decision == Decision::Run {
                 if let (Some(m), Some((_, list))) = (
@@ -256,15 +252,7 @@ impl Migrator {
                                 let message = found.phase_message().to_string();
                                 self.end(t, &name, &m.name, Method::Svm, p, message);
                                 let record = t.memory.as_ref().and_then(|m| m.get(&name)).cloned();
-                                decision = decide::decide(
-                                    &snap,
-                                    record.as_ref(),
-                                    &seen,
-                                    now,
-                                    self.cfg.settle,
-                                    method,
-                                    highest,
-                                );
+                                decision = decide_on(record.as_ref());
                             }
                         }
                     }
