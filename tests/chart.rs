@@ -814,6 +814,8 @@ fn crd_migrator_is_on_by_default_and_its_rbac_goes_with_it() {
         "--set".into(),
         "crdMigrate.settle=30s".into(),
         "--set".into(),
+        "crdMigrate.retry=1h".into(),
+        "--set".into(),
         "crdMigrate.rate=200".into(),
         "--set".into(),
         "crdMigrate.method=rewrite".into(),
@@ -823,6 +825,7 @@ fn crd_migrator_is_on_by_default_and_its_rbac_goes_with_it() {
     let args = container_args(&tuned);
     for want in [
         "--crd-migrate-settle=30s",
+        "--crd-migrate-retry=1h",
         "--crd-migrate-rate=200",
         "--crd-migrate-method=rewrite",
     ] {

@@ -862,7 +862,7 @@ async fn the_walkthrough_of_a_crd_version_change() {
 /// is pruned, and `audit` lists the CRD (before: `crd-stored-versions`; after:
 /// `crd-migration-failed`, naming the migration and why).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_migration_leaves_stored_versions_alone_and_audit_lists_it() {
+async fn a_failed_migration_leaves_stored_versions_alone_and_is_tried_again() {
     use k8s_openapi::api::admissionregistration::v1::{
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
@@ -931,7 +931,7 @@ async fn a_failed_migration_leaves_stored_versions_alone_and_audit_lists_it() {
 
     let certs = Certs::generate();
     let flags = migrator_flags("1s", "300ms", &["--crd-migrate-method=rewrite"]);
-    let hook = Webhook::start(&cp, &certs, &strs(&flags)).await;
+    let mut hook = Webhook::start(&cp, &certs, &strs(&flags)).await;
     wait_metric(
         &hook,
         "the migration failed",
@@ -972,6 +972,39 @@ async fn a_failed_migration_leaves_stored_versions_alone_and_audit_lists_it() {
         text.contains(&format!("{CRD} [crd-migration-failed]")),
         "{text}"
     );
+
+    // The cause removed, a new leader (retry 1 s) tries the same need again by itself, under
+    // the next number, with no change to the CRD; the failures in a row go back to 0.
+    let generation = get_crd(&cp).await.metadata.generation;
+    hook.kill();
+    Api::<ValidatingAdmissionPolicyBinding>::all(cp.client.clone())
+        .delete("freeze-widgets", &Default::default())
+        .await
+        .expect("delete the binding");
+    Api::<ValidatingAdmissionPolicy>::all(cp.client.clone())
+        .delete("freeze-widgets", &Default::default())
+        .await
+        .expect("delete the policy");
+    let flags = migrator_flags(
+        "1s",
+        "300ms",
+        &["--crd-migrate-method=rewrite", "--crd-migrate-retry=1s"],
+    );
+    let hook = Webhook::start(&cp, &certs, &strs(&flags)).await;
+    wait_pruned(&cp, &hook).await;
+    assert_eq!(get_crd(&cp).await.metadata.generation, generation);
+    assert_eq!(
+        stored_counts(&cp),
+        [("example.com/v1".to_string(), 20)].into_iter().collect()
+    );
+    let r = record(&cp).await;
+    let retried = r.migration.expect("the retry is recorded");
+    assert_eq!(
+        (retried.phase, retried.sequence, r.failures),
+        (Phase::Succeeded, m.sequence + 1, 0),
+        "{retried:?}"
+    );
+    assert_ne!(retried.name, m.name);
 }
 
 /// A control plane without the StorageVersion API (the gate off and the API group not served,

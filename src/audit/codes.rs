@@ -44,7 +44,7 @@ finding_codes! {
         "our migration of the CRD's objects is running; `storedVersions` is pruned when it succeeds";
     /// Our migration of a CRD failed for this very need.
     CrdMigrationFailed = "crd-migration-failed",
-        "our migration of the CRD's objects failed; `storedVersions` is left alone and it is not retried until the CRD changes";
+        "our migration of the CRD's objects failed; `storedVersions` is left alone, and the leader tries again after `--crd-migrate-retry` (doubling)";
     /// Our migration of a CRD succeeded and storedVersions is still to be pruned.
     CrdPrunePending = "crd-prune-pending",
         "our migration succeeded and `storedVersions` is still to be set to the storage version (by us, or by kube-controller-manager after a StorageVersionMigration)";

@@ -35,6 +35,13 @@ pub struct CrdArgs {
     #[arg(long, env = "SVW_CRD_MIGRATE_SETTLE", default_value = "2m", value_parser = parse_duration)]
     pub crd_migrate_settle: Duration,
 
+    /// How long after a failed migration of a CRD the leader tries it again (a new migration);
+    /// the wait doubles with each failure in a row, up to 6 hours. A change of the CRD's spec
+    /// tries again sooner: after the settle time.
+    #[arg(long, env = "SVW_CRD_MIGRATE_RETRY", default_value = "10m",
+          value_parser = parse_positive_duration)]
+    pub crd_migrate_retry: Duration,
+
     /// How often the leader looks at every CRD again besides the watch's changes (follows
     /// StorageVersionMigrations, ends settle times).
     #[arg(long, env = "SVW_CRD_MIGRATE_INTERVAL", default_value = "10s",
@@ -75,6 +82,7 @@ impl Default for CrdArgs {
         CrdArgs {
             crd_migrate: false,
             crd_migrate_settle: Duration::from_secs(120),
+            crd_migrate_retry: Duration::from_secs(600),
             crd_migrate_interval: Duration::from_secs(10),
             crd_migrate_rate: 50.0,
             crd_migrate_method: MethodChoice::Auto,
@@ -100,6 +108,7 @@ mod tests {
         let d = Cli::try_parse_from(["x"]).expect("parse").c;
         assert!(!d.crd_migrate);
         assert_eq!(d.crd_migrate_settle, Duration::from_secs(120));
+        assert_eq!(d.crd_migrate_retry, Duration::from_secs(600));
         assert_eq!(d.crd_migrate_method, MethodChoice::Auto);
         assert_eq!(format!("{d:?}"), format!("{:?}", CrdArgs::default()));
         let c = Cli::try_parse_from([
@@ -122,6 +131,7 @@ mod tests {
             "--crd-migrate-rate=0",
             "--crd-migrate-rate=nan",
             "--crd-migrate-interval=0s",
+            "--crd-migrate-retry=0s",
         ] {
             assert!(Cli::try_parse_from(["x", bad]).is_err(), "{bad}");
         }

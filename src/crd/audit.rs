@@ -54,7 +54,8 @@ fn one(crd: &Snapshot, memory: &Memory) -> Option<CrdFinding> {
         .filter(|v| *v != storage)
         .collect();
     let others = others.join(", ");
-    let migration = Record::of(memory.get(&crd.name), crd).and_then(|r| r.migration.as_ref());
+    let record = Record::of(memory.get(&crd.name), crd);
+    let migration = record.and_then(|r| r.migration.as_ref());
     let finding = |code, m: Option<&Migration>, problem: String, fix: String| CrdFinding {
         crd: crd.name.clone(),
         uid: crd.uid.clone(),
@@ -133,7 +134,7 @@ fn one(crd: &Snapshot, memory: &Memory) -> Option<CrdFinding> {
                         if m.message.is_empty() { "no reason recorded" } else { &m.message },
                         crd.stored.join(", ")
                     ),
-                    "fix the cause the message names (for a rewrite, often the RBAC of crdMigrate.resourceRules), then change the CRD's spec (any change that moves its generation): a new migration begins after the settle time".to_string(),
+                    format!("fix the cause the message names (for a rewrite, often the RBAC of crdMigrate.resourceRules): the leader tries again by itself after --crd-migrate-retry (10m by default, doubling with each failure in a row: {} so far, at most 6h), or after the settle time once the CRD's spec changes", record.map_or(1, |r| r.failures.max(1))),
                 ))
             }
             (Phase::Running, _) | (Phase::Abandoned, _) => {}

@@ -62,14 +62,35 @@ pub struct Fingerprint {
 /// (measured: `scripts/matrix 1.35`), and a CRD would stay unfinished there.
 pub const KCM_PRUNE_GRACE: Duration = Duration::from_secs(60);
 
+/// The longest wait before a failed migration is tried again (see [`retry_wait`]).
+pub const RETRY_CAP: Duration = Duration::from_secs(6 * 3600);
+
+/// How long after a failed migration the same need is tried again: `retry` after the first
+/// failure in a row, doubling with each further one, at most [`RETRY_CAP`].
+pub fn retry_wait(retry: Duration, failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    retry.saturating_mul(1 << doublings).min(RETRY_CAP)
+}
+
+/// The migrator's waits (`--crd-migrate-settle`, `--crd-migrate-retry`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// How long a CRD must look the same before a migration of it begins.
+    pub settle: Duration,
+    /// The first wait before a failed migration is tried again ([`retry_wait`]).
+    pub retry: Duration,
+}
+
 /// Since when a CRD has looked the same (in memory only: a restart restarts the settle time,
-/// which can only delay a migration), and since when this term has waited for
-/// kube-controller-manager's prune of it (likewise: a new leader waits again).
+/// which can only delay a migration), since when this term has waited for
+/// kube-controller-manager's prune of it, and since when it has seen its last migration failed
+/// (likewise: a new leader waits again).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
     pub fingerprint: Fingerprint,
     pub since: Instant,
     pub awaiting_prune: Option<Instant>,
+    pub failed_since: Option<Instant>,
 }
 
 impl Seen {
@@ -81,17 +102,24 @@ impl Seen {
                 fingerprint,
                 since: now,
                 awaiting_prune: None,
+                failed_since: None,
             },
         }
     }
 
     /// After `decision` at `now`: the wait for kube-controller-manager's prune starts at the
-    /// first [`Decision::AwaitPrune`] and ends with any other decision.
+    /// first [`Decision::AwaitPrune`], the wait before a retry at the first
+    /// [`Decision::Failed`], and each ends with any other decision.
     pub fn after(mut self, decision: &Decision, now: Instant) -> Seen {
-        self.awaiting_prune = match decision {
-            Decision::AwaitPrune => Some(self.awaiting_prune.unwrap_or(now)),
-            _ => None,
-        };
+        let since = |d: bool, s: Option<Instant>| d.then(|| s.unwrap_or(now));
+        self.awaiting_prune = since(
+            matches!(decision, Decision::AwaitPrune),
+            self.awaiting_prune,
+        );
+        self.failed_since = since(
+            matches!(decision, Decision::Failed { .. }),
+            self.failed_since,
+        );
         self
     }
 }
@@ -180,6 +208,10 @@ pub struct Record {
     pub uid: String,
     /// The highest migration number used for this CRD object.
     pub sequence: u64,
+    /// Migrations of this CRD object that failed in a row (a success sets it back to 0): the
+    /// wait before the next try doubles with each ([`retry_wait`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
     /// The last migration begun.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<Migration>,
@@ -197,6 +229,7 @@ impl Record {
         Some(Record {
             uid: crd.uid.clone(),
             sequence,
+            failures: 0,
             migration: Some(Migration {
                 name: name.to_string(),
                 sequence,
@@ -235,8 +268,10 @@ pub enum Decision {
     /// [`KCM_PRUNE_GRACE`] and verify (then [`Decision::Prune`]: one whose migrator does not
     /// prune, as 1.35's, leaves it to us).
     AwaitPrune,
-    /// Our migration for this very need failed: not retried until the CRD changes.
-    Failed,
+    /// Our migration for this very need failed: tried again in `retry_in` (after
+    /// `--crd-migrate-retry`, doubling with each failure in a row), or after the settle time
+    /// once the CRD changes.
+    Failed { retry_in: Duration },
     /// A migration is needed but neither way is available (`--crd-migrate-method=svm` on a
     /// cluster that serves no StorageVersionMigration API).
     NoMethod,
@@ -251,7 +286,7 @@ impl Decision {
             Decision::Settle { .. } => "settling",
             Decision::Start { .. } | Decision::Run | Decision::Abandon { .. } => "migrating",
             Decision::Prune { .. } | Decision::AwaitPrune => "prune_pending",
-            Decision::Failed => "failed",
+            Decision::Failed { .. } => "failed",
             Decision::NoMethod => "no_method",
         }
     }
@@ -259,7 +294,7 @@ impl Decision {
 
 /// The decision for `crd`, given our `record` of it, since when it has looked the same
 /// (`seen`, from [`Seen::observe`]), the way migrations can be made now (`method`, None: none),
-/// the settle time and the highest migration number already used for it elsewhere
+/// the settle and retry times and the highest migration number already used for it elsewhere
 /// (`highest_elsewhere`: our StorageVersionMigrations of it, so that a lost record never makes a
 /// name be used twice).
 pub fn decide(
@@ -267,7 +302,7 @@ pub fn decide(
     record: Option<&Record>,
     seen: &Seen,
     now: Instant,
-    settle: Duration,
+    timing: Timing,
     method: Option<Method>,
     highest_elsewhere: u64,
 ) -> Decision {
@@ -314,13 +349,28 @@ pub fn decide(
                     _ => Decision::AwaitPrune,
                 };
             }
-            (Phase::Failed, _) => return Decision::Failed,
+            (Phase::Failed, _) => {
+                // I8: the same need is tried again only once the failed one has ended, and
+                // after the wait; as a new migration with the next number.
+                let failures = record.map_or(1, |r| r.failures.max(1));
+                let wait = retry_wait(timing.retry, failures);
+                let waited = seen
+                    .failed_since
+                    .map(|since| now.saturating_duration_since(since))
+                    .unwrap_or_default();
+                if waited < wait {
+                    return Decision::Failed {
+                        retry_in: wait - waited,
+                    };
+                }
+            }
             (Phase::Running, _) | (Phase::Abandoned, _) => {}
         }
     }
     let Some(method) = method else {
         return Decision::NoMethod;
     };
+    let settle = timing.settle;
     let held = now.saturating_duration_since(seen.since);
     if seen.fingerprint != crd.fingerprint() || held < settle {
         let remaining = if seen.fingerprint == crd.fingerprint() {
@@ -336,6 +386,10 @@ pub fn decide(
         .max(highest_elsewhere)
         .saturating_add(1);
     Decision::Start { sequence, method }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn abandon_reason(m: &Migration, crd: &Snapshot) -> String {

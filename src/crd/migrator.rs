@@ -36,7 +36,7 @@ pub const ANNOTATION_CRD: &str = "storageversion-webhook.io/crd";
 
 #[derive(Clone, Debug)]
 pub struct MigratorConfig {
-    pub settle: Duration,
+    pub timing: decide::Timing,
     pub interval: Duration,
     pub rate: f64,
     pub method: MethodChoice,
@@ -230,9 +230,9 @@ impl Migrator {
                 .as_ref()
                 .map(|(_, l)| highest_sequence(l, &name, &snap.uid))
                 .unwrap_or(0);
-            let settle = self.cfg.settle;
+            let timing = self.cfg.timing;
             let decide_on = |record: Option<&decide::Record>| {
-                decide::decide(&snap, record, &seen, now, settle, method, highest)
+                decide::decide(&snap, record, &seen, now, timing, method, highest)
             };
             let mut decision = decide_on(record.as_ref());
             // A StorageVersionMigration of ours that ended: record its outcome, decide again.
@@ -298,9 +298,13 @@ impl Migrator {
                 let snap = crd.snapshot();
                 let storage = snap.storage.clone().unwrap_or_default();
                 let mname = super::migration_name(&name, &snap.uid, &storage, *sequence);
-                let Some(begun) = decide::Record::begin(&snap, &mname, *sequence, *method) else {
+                let Some(mut begun) = decide::Record::begin(&snap, &mname, *sequence, *method)
+                else {
                     return;
                 };
+                // A retry after a failure keeps the count of failures in a row (the next wait).
+                begun.failures =
+                    decide::Record::of(record.as_ref(), &snap).map_or(0, |r| r.failures);
                 // Recorded before it begins: no leader begins a second one for this need, and
                 // the name is never used again.
                 let Some(memory) = t.memory.as_mut() else {
@@ -472,17 +476,23 @@ impl Migrator {
         phase: Phase,
         message: String,
     ) {
-        let Some(m) = t
-            .memory
+        let Some(r) = t.memory.as_mut().and_then(|m| m.get_mut(name)) else {
+            return;
+        };
+        let Some(m) = r
+            .migration
             .as_mut()
-            .and_then(|m| m.get_mut(name))
-            .and_then(|r| r.migration.as_mut())
             .filter(|m| m.name == migration && m.phase == Phase::Running)
         else {
             return;
         };
         m.phase = phase;
         m.message = message;
+        r.failures = match phase {
+            Phase::Failed => r.failures.saturating_add(1),
+            Phase::Succeeded => 0,
+            Phase::Running | Phase::Abandoned => r.failures,
+        };
         t.dirty = true;
         self.metrics
             .outcomes
@@ -635,8 +645,8 @@ impl Migrator {
             Decision::AwaitPrune => tracing::info!(crd = name,
                 grace = ?decide::KCM_PRUNE_GRACE,
                 "our StorageVersionMigration succeeded; kube-controller-manager's migrator prunes storedVersions (if it has not within the grace, as 1.35's never does, we prune)"),
-            Decision::Failed => tracing::warn!(crd = name,
-                "the last migration of this CRD failed; storedVersions is left alone until the CRD changes"),
+            Decision::Failed { retry_in } => tracing::warn!(crd = name, retry_in = ?retry_in,
+                "the last migration of this CRD failed; storedVersions is left alone, and the migration is tried again after the wait (or after the settle time once the CRD changes)"),
             Decision::NoMethod => tracing::warn!(crd = name,
                 "a migration is needed but --crd-migrate-method=svm and no StorageVersionMigration API is served"),
             _ => {}

@@ -64,7 +64,10 @@ pub fn spawn(
     let metrics = CrdMetrics::register(registry);
     crate::leader_task::start("--crd-migrate", args.crd_migrate, gc, leader, || {
         let cfg = MigratorConfig {
-            settle: args.crd_migrate_settle,
+            timing: decide::Timing {
+                settle: args.crd_migrate_settle,
+                retry: args.crd_migrate_retry,
+            },
             interval: args.crd_migrate_interval,
             rate: args.crd_migrate_rate,
             method: args.crd_migrate_method,
@@ -72,7 +75,8 @@ pub fn spawn(
             configmap: args.crd_migrate_state_configmap.clone(),
         };
         tracing::info!(
-            settle = ?cfg.settle,
+            settle = ?cfg.timing.settle,
+            retry = ?cfg.timing.retry,
             rate = cfg.rate,
             method = ?cfg.method,
             state = %format!("{}/{}", cfg.namespace, cfg.configmap),

@@ -3,6 +3,11 @@
 use super::*;
 
 const SETTLE: Duration = Duration::from_secs(60);
+const RETRY: Duration = Duration::from_secs(600);
+const TIMING: Timing = Timing {
+    settle: SETTLE,
+    retry: RETRY,
+};
 
 fn crd(storage: &str, stored: &[&str], generation: i64) -> Snapshot {
     Snapshot {
@@ -27,7 +32,7 @@ fn step(
     method: Option<Method>,
 ) -> Decision {
     let s = Seen::observe(seen.as_ref(), c, now);
-    let d = decide(c, r, &s, now, SETTLE, method, 0);
+    let d = decide(c, r, &s, now, TIMING, method, 0);
     *seen = Some(s.after(&d, now));
     d
 }
@@ -184,7 +189,7 @@ fn a_crd_changed_during_the_migration_is_never_pruned_on_it() {
                 assert!(
                     !matches!(
                         d,
-                        Decision::Prune { .. } | Decision::AwaitPrune | Decision::Failed
+                        Decision::Prune { .. } | Decision::AwaitPrune | Decision::Failed { .. }
                     ),
                     "{what} {phase:?}: {d:?}"
                 );
@@ -325,7 +330,7 @@ fn a_deleted_or_recreated_crd_stops_the_rewrite_and_starts_afresh() {
             Some(&r),
             &s,
             t0 + SETTLE,
-            SETTLE,
+            TIMING,
             Some(Method::Rewrite),
             0
         ),
@@ -337,24 +342,77 @@ fn a_deleted_or_recreated_crd_stops_the_rewrite_and_starts_afresh() {
 }
 
 #[test]
-fn a_failed_migration_is_not_retried_for_the_same_need_and_numbers_only_grow() {
+fn a_failed_migration_is_tried_again_after_a_doubling_wait_and_numbers_only_grow() {
     let t0 = Instant::now();
     let c = crd("v1", &["v1beta1", "v1"], 2);
     let mut r = Record::begin(&c, "m-3", 3, Method::Rewrite).expect("storage");
     finish(&mut r, Phase::Failed);
+    r.failures = 1;
     let mut seen = None;
-    for k in 0..3u32 {
+    // Seen failed at t0: waits RETRY, then the same need again as migration number 4.
+    for (at, want) in [
+        (t0, Decision::Failed { retry_in: RETRY }),
+        (
+            t0 + Duration::from_secs(599),
+            Decision::Failed {
+                retry_in: Duration::from_secs(1),
+            },
+        ),
+        (
+            t0 + RETRY,
+            Decision::Start {
+                sequence: 4,
+                method: Method::Rewrite,
+            },
+        ),
+    ] {
         assert_eq!(
-            step(
-                &c,
-                Some(&r),
-                &mut seen,
-                t0 + SETTLE * k * 10,
-                Some(Method::Rewrite)
-            ),
-            Decision::Failed
+            step(&c, Some(&r), &mut seen, at, Some(Method::Rewrite)),
+            want
         );
     }
+    // I8: never two at once: while the retry runs, nothing else begins.
+    let mut retry = Record::begin(&c, "m-4", 4, Method::Rewrite).expect("storage");
+    retry.failures = 1;
+    assert_eq!(
+        step(
+            &c,
+            Some(&retry),
+            &mut seen,
+            t0 + RETRY,
+            Some(Method::Rewrite)
+        ),
+        Decision::Run
+    );
+    // Its failure (the second in a row) doubles the wait; a new leader (nothing seen) waits
+    // from when it first sees the failure.
+    finish(&mut retry, Phase::Failed);
+    retry.failures = 2;
+    let t1 = t0 + RETRY * 3;
+    let mut fresh = None;
+    assert_eq!(
+        step(&c, Some(&retry), &mut fresh, t1, Some(Method::Rewrite)),
+        Decision::Failed {
+            retry_in: RETRY * 2
+        }
+    );
+    assert_eq!(
+        step(
+            &c,
+            Some(&retry),
+            &mut fresh,
+            t1 + RETRY * 2,
+            Some(Method::Rewrite)
+        ),
+        Decision::Start {
+            sequence: 5,
+            method: Method::Rewrite
+        }
+    );
+    assert_eq!(retry_wait(RETRY, 0), RETRY);
+    assert_eq!(retry_wait(RETRY, 3), RETRY * 4);
+    assert_eq!(retry_wait(RETRY, 40), RETRY_CAP);
+    assert_eq!(retry_wait(Duration::MAX, 2), RETRY_CAP);
     // A new need (the generation moved): the next number, above ours and above any
     // StorageVersionMigration of ours found for it.
     let c2 = crd("v1", &["v1beta1", "v1"], 3);
@@ -362,6 +420,7 @@ fn a_failed_migration_is_not_retried_for_the_same_need_and_numbers_only_grow() {
         fingerprint: c2.fingerprint(),
         since: t0,
         awaiting_prune: None,
+        failed_since: None,
     };
     assert_eq!(
         decide(
@@ -369,7 +428,7 @@ fn a_failed_migration_is_not_retried_for_the_same_need_and_numbers_only_grow() {
             Some(&r),
             &s,
             t0 + SETTLE,
-            SETTLE,
+            TIMING,
             Some(Method::Rewrite),
             0
         ),
@@ -379,7 +438,7 @@ fn a_failed_migration_is_not_retried_for_the_same_need_and_numbers_only_grow() {
         }
     );
     assert_eq!(
-        decide(&c2, Some(&r), &s, t0 + SETTLE, SETTLE, Some(Method::Svm), 7),
+        decide(&c2, Some(&r), &s, t0 + SETTLE, TIMING, Some(Method::Svm), 7),
         Decision::Start {
             sequence: 8,
             method: Method::Svm

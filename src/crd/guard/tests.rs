@@ -58,6 +58,7 @@ fn record(uid: &str, phase: Phase, generation: i64) -> Record {
     Record {
         uid: uid.into(),
         sequence: 1,
+        failures: 0,
         migration: Some(Migration {
             name: "widgets.example.com-uid1-v1-1".into(),
             sequence: 1,
@@ -148,6 +149,7 @@ fn a_record_that_is_not_a_running_migration_of_this_crd_denies_nothing() {
         Record {
             uid: "uid-1".into(),
             sequence: 1,
+            failures: 0,
             migration: None,
         },
     ];
