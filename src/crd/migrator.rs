@@ -305,6 +305,11 @@ impl Migrator {
                 // A retry after a failure keeps the count of failures in a row (the next wait).
                 begun.failures =
                     decide::Record::of(record.as_ref(), &snap).map_or(0, |r| r.failures);
+                // The end of the previous migration (found in this pass) is written first, so
+                // the record shows every migration's end before the next begins (I8).
+                if !self.save_if_dirty(t).await {
+                    return;
+                }
                 // Recorded before it begins: no leader begins a second one for this need, and
                 // the name is never used again.
                 let Some(memory) = t.memory.as_mut() else {
