@@ -1,8 +1,8 @@
-//! Deterministic simulation of the cluster around the garbage collector and the migration
-//! trigger (issue 22), in the manner of FoundationDB's simulator and TigerBeetle's VOPR: one
+//! Deterministic simulation of the cluster around the garbage collector, the migration trigger
+//! (issue 22) and the CRD migrator (issue 31), in the manner of FoundationDB's simulator and TigerBeetle's VOPR: one
 //! `u64` seed drives everything, time is Tokio's paused clock on a current-thread runtime, and
-//! the real product code (`gc::spawn`: leader election, collector; `migrate::spawn`: the trigger)
-//! runs, two or three replicas of it, each on its own `kube::Client`, against one simulated API
+//! the real product code (`gc::spawn`: leader election, collector; `migrate::spawn`: the trigger;
+//! `crd::spawn`: the CRD migrator) runs, two or three replicas of it, each on its own `kube::Client`, against one simulated API
 //! server (`sim/api.rs`). The world (`sim/world.rs`) has two to four kube-apiservers that start at
 //! 1.36 and are restarted, stopped gracefully, crashed, upgraded to 1.37 and rolled back; each
 //! creates its identity lease (renewed every 10 s), writes its entry into every StorageVersion at
@@ -39,7 +39,22 @@
 //! - **I5** at quiescence, every stored object of a resource is in the version its entries agree
 //!   on, unless a migration of that resource is still pending.
 //! - **I6** all replicas together make at most 60 non-watch API calls per running replica per
-//!   minute, plus 12 per world event and 16 per removed entry in that minute.
+//!   minute, plus 12 per world event and 16 per removed entry in that minute, plus, for every CRD
+//!   migration begun in the two minutes before, 12 and 3 per object of its CRD.
+//! - **I7**, **I8** (custom resources, `sim/crd.rs`, with `Plan::crds`, the default): the world
+//!   also has two CustomResourceDefinitions whose storage version users flip among three
+//!   versions, whose spec they change, which they delete and create again, with objects written
+//!   through apiservers that see a CRD change up to 8 s late; kube-controller-manager runs the
+//!   StorageVersionMigrations made for them (failing some during the chaos, pruning after a
+//!   success, or per seed never, as 1.35); the replicas run the CRD migrator (`crd::spawn`), by
+//!   StorageVersionMigration or their own rewrite, per seed. I7: at every commit of a CRD or an
+//!   object, no object is stored in a version `storedVersions` does not list. I8: from every write
+//!   of the CRD state ConfigMap, no migration begins while the CRD's previous one is recorded
+//!   running, none for a need (uid, generation, storage version, storedVersions) that had one
+//!   that did not fail, numbers only grow; no StorageVersionMigration of ours is created while
+//!   another of ours for that CRD object has not ended. At quiescence every CRD is finished
+//!   (storedVersions exactly the storage version, every object in it) and `audit` agrees. The
+//!   seeds found before the CRDs (the regression tests) replay the world without them.
 //!
 //! Clocks: the wall clock of the simulation thread follows Tokio's paused clock (`sim/clock.rs`),
 //! so lease renewTimes, expiry and condition times are simulated time. Randomness: the seed, and
@@ -47,7 +62,7 @@
 //! order, so `HashMap` order and kube-lease-manager's sub-second random sleep cannot change the
 //! trace (`sim/api.rs`).
 //!
-//! Running: `cargo test --test sim` runs `SEEDS` seeds; `SVW_SIM_SEED=<n>` replays one seed,
+//! Running: `cargo test --test sim` runs `SEEDS` seeds (`SVW_SIM_CRDS=0`: without the CRDs); `SVW_SIM_SEED=<n>` replays one seed,
 //! `SVW_SIM_SEEDS=<n>` runs n seeds from 1 (`SVW_SIM_STRIPE=j/J` only those equal to j modulo
 //! J); `scripts/sim --seeds N --jobs J` runs a swarm of N seeds in J processes and prints each
 //! failing seed with its replay command (CI runs it with as many seeds as fit in about 90 s). A failure prints the seed, what broke, and the last
@@ -57,6 +72,8 @@
 mod api;
 #[path = "sim/clock.rs"]
 mod clock;
+#[path = "sim/crd.rs"]
+mod custom;
 #[path = "sim/rng.rs"]
 mod rng;
 #[path = "sim/world.rs"]
@@ -170,10 +187,24 @@ fn one_seed_gives_one_trace() {
     );
 }
 
-/// Runs `seed` (with `plan` changed by `edit`) and fails on a violation whose text starts with
-/// `invariant`, printing the report.
+/// Runs `seed` (with `plan` changed by `edit`) in the world without CRDs, where the seeds
+/// below were found (replayed request for request), and fails on a violation whose text starts
+/// with `invariant`, printing the report.
 fn regression(seed: u64, edit: impl FnOnce(&mut Plan), invariant: &str) {
+    replay(
+        seed,
+        |p| {
+            p.crds = false;
+            edit(p)
+        },
+        invariant,
+    );
+}
+
+/// [`regression`] in the world with CRDs (`sim/crd.rs`).
+fn replay(seed: u64, edit: impl FnOnce(&mut Plan), invariant: &str) {
     let mut plan = Plan::new(seed);
+    plan.crds = true;
     edit(&mut plan);
     let out = run(plan);
     let hit: Vec<&String> = out
@@ -300,4 +331,18 @@ fn an_entry_removed_by_a_write_without_an_answer_is_given_back() {
         |p| p.chaos = std::time::Duration::from_secs(2 * 3600),
         "I1",
     );
+}
+
+/// Issue 31, seed 131 (the first swarm of the world with CRDs): our StorageVersionMigration of
+/// gadgets.example.com failed, and in the same pass, the CRD having changed (a storage flip)
+/// more than the settle time before, the next migration began. The record went from the first,
+/// still `running`, straight to the second: the state ConfigMap never showed the failure, and
+/// I8's check (no migration begins while the CRD's previous one is recorded running) failed.
+/// The end is now written before the next migration is recorded (`crd::migrator`, `Start`).
+/// Seeds 25 and 99 broke the same way.
+#[test]
+fn a_migration_ends_in_the_record_before_the_next_begins() {
+    for seed in [131, 25, 99] {
+        replay(seed, |_| {}, "I8");
+    }
 }

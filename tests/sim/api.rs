@@ -46,6 +46,42 @@ pub const SVMS: &str = "/apis/storagemigration.k8s.io/v1/storageversionmigration
 pub const SVM_GROUP: &str = "/apis/storagemigration.k8s.io";
 pub const IDENTITY_LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
 pub const LEADER_NS: &str = "svw";
+/// CustomResourceDefinitions, and the group of the custom resources the world defines (their
+/// objects live in one table per plural, whatever version a request names: [`cr_table`]).
+pub const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+pub const CR_GROUP: &str = "example.com";
+const CR_PREFIX: &str = "/apis/example.com/";
+/// The CRD migrator's state ConfigMap (in [`LEADER_NS`]).
+pub const CRD_STATE: &str = "storageversion-webhook-crd";
+
+/// The table of the custom resource `plural`.
+pub fn cr_table(plural: &str) -> String {
+    format!("{CR_PREFIX}{plural}")
+}
+
+/// The CRD of the custom resource `plural`.
+pub fn crd_name(plural: &str) -> String {
+    format!("{plural}.{CR_GROUP}")
+}
+
+/// The version a CRD object stores in (`storage: true`).
+pub fn storage_of(crd: &Value) -> Option<String> {
+    crd["spec"]["versions"]
+        .as_array()?
+        .iter()
+        .find(|v| v["storage"] == true)?["name"]
+        .as_str()
+        .map(str::to_string)
+}
+
+pub fn stored_versions_of(crd: &Value) -> Vec<String> {
+    crd["status"]["storedVersions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_string))
+        .collect()
+}
 pub const LEADER_LEASE: &str = "storageversion-webhook-gc";
 
 pub fn leader_leases() -> String {
@@ -142,6 +178,11 @@ pub struct Created {
     pub name: String,
     pub sv: String,
     pub version: String,
+    /// The CRD it migrates (the CRD migrator's; empty for the trigger's).
+    pub crd: String,
+    /// Our CRD migrator's StorageVersionMigrations of the same CRD object not yet ended when
+    /// this one was created (I8).
+    pub unfinished: Vec<String>,
 }
 
 pub struct Cluster {
@@ -178,6 +219,13 @@ pub struct Cluster {
     /// StorageVersion name -> changes of the version all entries encode and decode (None:
     /// they do not all agree, or there is no entry or no object).
     pub agreement: BTreeMap<String, Vec<(Duration, Option<String>)>>,
+    /// Custom resource plural -> object name -> the version it is stored in (what etcd holds).
+    pub cr_stored: BTreeMap<String, BTreeMap<String, String>>,
+    /// I7, checked at every commit of a CRD or a custom object: an object stored in a version
+    /// its CRD's storedVersions does not list.
+    pub i7: Vec<String>,
+    /// Every write of the CRD migrator's state ConfigMap: when, and its data (I8).
+    pub crd_state_log: Vec<(Duration, Value)>,
     notify: Arc<Notify>,
 }
 
@@ -215,6 +263,7 @@ fn kind_of(resource: &str) -> (&'static str, &'static str) {
         "leases" => ("coordination.k8s.io/v1", "Lease"),
         "configmaps" => ("v1", "ConfigMap"),
         "events" => ("events.k8s.io/v1", "Event"),
+        "customresourcedefinitions" => ("apiextensions.k8s.io/v1", "CustomResourceDefinition"),
         _ => ("", ""),
     }
 }
@@ -344,6 +393,9 @@ impl Cluster {
             confirms: BTreeMap::new(),
             lease_life: BTreeMap::new(),
             agreement: BTreeMap::new(),
+            cr_stored: BTreeMap::new(),
+            i7: Vec::new(),
+            crd_state_log: Vec::new(),
             notify: Arc::new(Notify::new()),
         }
     }
@@ -412,6 +464,18 @@ impl Cluster {
             if h.last().map(|x| &x.1) != Some(&a) {
                 h.push((at, a));
             }
+        }
+        if collection == format!("/api/v1/namespaces/{LEADER_NS}/configmaps") && name == CRD_STATE {
+            let data = object["data"].clone();
+            self.crd_state_log.push((at, data));
+        }
+        if collection == CRDS {
+            if let Some(plural) = name.strip_suffix(&format!(".{CR_GROUP}")) {
+                self.check_i7(plural, &format!("{kind} of CRD {name}"));
+            }
+        } else if let Some(plural) = collection.strip_prefix(CR_PREFIX) {
+            let plural = plural.to_string();
+            self.check_i7(&plural, &format!("{kind} of {plural}/{name}"));
         }
         self.logs
             .entry(collection.to_string())
@@ -511,6 +575,10 @@ impl Cluster {
                 }),
             ));
         }
+        if let Some(rest) = p.path.strip_prefix(CR_PREFIX) {
+            let reply = self.custom(p, rest, watch, &what);
+            return Some(self.answered(p, &what, leader_lease, reply));
+        }
         let Some((collection, resource, name, sub)) = parse_path(&p.path) else {
             return Some(self.unknown(&what));
         };
@@ -557,12 +625,18 @@ impl Cluster {
             ("PUT", Some(n), sub @ (None | Some("status"))) => {
                 self.replace(p, &collection, &n, sub.is_some())
             }
-            ("PATCH", Some(n), None | Some("status")) => {
-                self.patch(p, &collection, &n, api_version, kind)
+            ("PATCH", Some(n), sub @ (None | Some("status"))) => {
+                self.patch(p, &collection, &n, api_version, kind, sub.is_some())
             }
             ("DELETE", Some(n), None) => self.delete(p, &collection, &n),
             _ => self.unknown(&what),
         };
+        Some(self.answered(p, &what, leader_lease, reply))
+    }
+
+    /// Notes the answer in the trace, and a write applied for a replica (I3).
+    fn answered(&mut self, p: &Pending, what: &str, leader_lease: bool, reply: Reply) -> Reply {
+        let what = what.to_string();
         if let Reply::Json(code, body) = &reply {
             self.note(format!("{what} -> {code}"));
             if !leader_lease
@@ -591,7 +665,147 @@ impl Cluster {
                 });
             }
         }
-        Some(reply)
+        reply
+    }
+
+    /// I7 on the custom resource `plural` after `what` was committed.
+    fn check_i7(&mut self, plural: &str, what: &str) {
+        let Some(crd) = self.get(CRDS, &crd_name(plural)) else {
+            return;
+        };
+        let listed = stored_versions_of(crd);
+        let bad: Vec<String> = self
+            .cr_stored
+            .get(plural)
+            .into_iter()
+            .flatten()
+            .filter(|(_, v)| !listed.contains(v))
+            .map(|(o, v)| format!("{o} in {v}"))
+            .collect();
+        if !bad.is_empty() {
+            let at = self.at();
+            self.i7.push(format!(
+                "I7: after the {what} at {at:?}, objects of {plural} are stored in versions storedVersions {listed:?} does not list: {}",
+                bad.join(", ")
+            ));
+        }
+    }
+
+    /// A request for a custom resource (`rest`: `version/plural[/name]`), as kube-apiserver
+    /// serves a CRD: 404 unless the CRD exists, is Established and serves that version; every
+    /// write is stored in the CRD's storage version, and an update that changes neither the
+    /// object nor its stored version writes nothing (the same bytes).
+    fn custom(&mut self, p: &Pending, rest: &str, watch: bool, what: &str) -> Reply {
+        let segs: Vec<&str> = rest.split('/').collect();
+        let (version, plural, name) = match segs.as_slice() {
+            [v, pl] => (*v, *pl, None),
+            [v, pl, n] => (*v, *pl, Some(n.to_string())),
+            _ => return self.unknown(what),
+        };
+        let not_found =
+            |what: &str| Reply::Json(404, status(404, "NotFound", &format!("{what} not found")));
+        let Some(crd) = self.get(CRDS, &crd_name(plural)).cloned() else {
+            return not_found("the server could not find the requested resource");
+        };
+        let served = crd["spec"]["versions"].as_array().is_some_and(|vs| {
+            vs.iter()
+                .any(|v| v["name"] == version && v["served"] == true)
+        });
+        let established = crd["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Established" && c["status"] == "True")
+        });
+        if !served || !established {
+            return not_found("the server could not find the requested resource");
+        }
+        let kind = crd["spec"]["names"]["kind"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let api_version = format!("{CR_GROUP}/{version}");
+        let table = cr_table(plural);
+        let as_served = |o: &Value| {
+            let mut o = o.clone();
+            o["apiVersion"] = json!(api_version);
+            o["kind"] = json!(kind);
+            o
+        };
+        match (p.method.as_str(), name) {
+            ("GET", None) if !watch => {
+                let items: Vec<Value> = self
+                    .table(&table)
+                    .into_iter()
+                    .flat_map(|t| t.values())
+                    .map(as_served)
+                    .collect();
+                Reply::Json(
+                    200,
+                    json!({"apiVersion": api_version, "kind": format!("{kind}List"),
+                           "metadata": {"resourceVersion": self.rv.to_string()}, "items": items}),
+                )
+            }
+            ("GET", Some(n)) => match self.get(&table, &n) {
+                Some(o) => Reply::Json(200, as_served(o)),
+                None => not_found(&format!("{plural} \"{n}\"")),
+            },
+            ("PUT", Some(n)) => {
+                let Some(current) = self.get(&table, &n).cloned() else {
+                    return not_found(&format!("{plural} \"{n}\""));
+                };
+                if let Some(r) = self.precondition(
+                    &current,
+                    p.body["metadata"]["resourceVersion"].as_str(),
+                    None,
+                ) {
+                    return r;
+                }
+                let storage = storage_of(&crd).unwrap_or_default();
+                let stored = self.cr_stored.get(plural).and_then(|m| m.get(&n)).cloned();
+                if p.body["spec"] == current["spec"] && stored.as_deref() == Some(storage.as_str())
+                {
+                    self.note(format!(
+                        "  {plural}/{n} unchanged in {storage}: nothing written"
+                    ));
+                    return Reply::Json(200, as_served(&current));
+                }
+                let mut next = current.clone();
+                next["spec"] = p.body["spec"].clone();
+                next["apiVersion"] = json!(format!("{CR_GROUP}/{storage}"));
+                self.cr_stored
+                    .entry(plural.to_string())
+                    .or_default()
+                    .insert(n.clone(), storage);
+                match self.commit(&table, &n, Some(next)) {
+                    Some(o) => Reply::Json(200, as_served(&o)),
+                    None => Reply::Json(500, status(500, "InternalError", "lost")),
+                }
+            }
+            _ => self.unknown(what),
+        }
+    }
+
+    /// A status write of a CRD, as kube-apiserver validates it: storedVersions lists the
+    /// storage version, and only versions of `spec.versions`.
+    fn crd_status_invalid(next: &Value) -> Option<Reply> {
+        let stored = stored_versions_of(next);
+        let versions: Vec<&str> = next["spec"]["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
+        let storage = storage_of(next)?;
+        let ok = stored.contains(&storage) && stored.iter().all(|v| versions.contains(&v.as_str()));
+        (!ok).then(|| {
+            Reply::Json(
+                422,
+                status(
+                    422,
+                    "Invalid",
+                    &format!("status.storedVersions: Invalid value: {stored:?}: must have the storage version {storage} and only versions of spec.versions"),
+                ),
+            )
+        })
     }
 
     fn unknown(&mut self, what: &str) -> Reply {
@@ -691,7 +905,37 @@ impl Cluster {
         }
         if resource == "storageversionmigrations" {
             let at = self.at();
+            let annotation = |o: &Value, k: &str| {
+                o["metadata"]["annotations"][k]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let crd = annotation(&obj, "storageversion-webhook.io/crd");
+            let uid = annotation(&obj, "storageversion-webhook.io/crd-uid");
+            let unfinished: Vec<String> = if crd.is_empty() {
+                Vec::new()
+            } else {
+                self.table(collection)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(_, o)| {
+                        annotation(o, "storageversion-webhook.io/crd-uid") == uid
+                            && o["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+                                == "storageversion-webhook-crd"
+                            && !o["status"]["conditions"].as_array().is_some_and(|cs| {
+                                cs.iter().any(|c| {
+                                    (c["type"] == "Succeeded" || c["type"] == "Failed")
+                                        && c["status"] == "True"
+                                })
+                            })
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect()
+            };
             self.created.push(Created {
+                crd,
+                unfinished,
                 at,
                 name: name.clone(),
                 sv: obj["metadata"]["annotations"]["storageversion-webhook.io/storageversion"]
@@ -759,6 +1003,7 @@ impl Cluster {
         name: &str,
         api_version: &str,
         kind: &str,
+        status_only: bool,
     ) -> Reply {
         let apply = p.content_type.contains("apply-patch");
         let current = self.get(collection, name).cloned();
@@ -787,7 +1032,16 @@ impl Cluster {
             // Server-side apply by the only manager of `data`: what it no longer sends goes.
             next["data"] = json!({});
         }
+        if status_only {
+            // The status subresource: only the status changes.
+            body = json!({"status": body["status"].clone()});
+        }
         merge(&mut next, &body);
+        if collection == CRDS && status_only {
+            if let Some(r) = Self::crd_status_invalid(&next) {
+                return r;
+            }
+        }
         if let Some(ns) = collection
             .split("/namespaces/")
             .nth(1)

@@ -14,7 +14,8 @@ use storageversion_webhook::migrate::{self, MigrateArgs, MigrateHandle};
 use storageversion_webhook::model::{ServerStorageVersion, StorageVersion};
 use storageversion_webhook::rules::common::local_update;
 
-use super::api::{self, lock, Cluster, Shared, SimBody, IDENTITY_LEASES, SVMS, SVS};
+use super::api::{self, lock, Cluster, Shared, SimBody, CR_GROUP, IDENTITY_LEASES, SVMS, SVS};
+use super::custom::{CrdAction, CrdWorld, PLURALS};
 use super::rng::Rng;
 
 /// I1: a fresh entry a replica removed (the apiserver rewrote it unchanged just before the
@@ -132,6 +133,7 @@ enum Action {
     Chaos,
     Quiesce,
     Check,
+    Crd(CrdAction),
 }
 
 struct ApiServer {
@@ -145,6 +147,7 @@ struct Replica {
     identity: String,
     gc: Option<GcHandle>,
     mig: Option<MigrateHandle>,
+    crd: Option<storageversion_webhook::crd::CrdHandle>,
     partitioned: bool,
 }
 
@@ -157,6 +160,9 @@ pub struct Plan {
     pub quiet: Duration,
     /// Kinds of chaos left out (`SVW_SIM_WITHOUT=flap,boundary`, to look past a known defect).
     pub without: Vec<String>,
+    /// The world has CustomResourceDefinitions and the replicas run the CRD migrator
+    /// (`sim/crd.rs`); off (`SVW_SIM_CRDS=0`) it is the world of the seeds found before them.
+    pub crds: bool,
 }
 
 impl Plan {
@@ -175,6 +181,7 @@ impl Plan {
             without: std::env::var("SVW_SIM_WITHOUT")
                 .map(|w| w.split(',').map(str::to_string).collect())
                 .unwrap_or_default(),
+            crds: std::env::var("SVW_SIM_CRDS").map_or(true, |v| v != "0"),
         }
     }
 }
@@ -215,6 +222,8 @@ pub struct Sim {
     /// Every collector term seen: (replica, start, end), sampled at each step from the
     /// replica's `GcHandle::terms()`.
     terms: Vec<(usize, Duration, Option<Duration>)>,
+    /// The custom-resource side of the world (with `Plan::crds`).
+    crd: Option<CrdWorld>,
     violations: Vec<String>,
 }
 
@@ -253,6 +262,7 @@ impl Sim {
             checked_created: 0,
             given_back: Vec::new(),
             terms: Vec::new(),
+            crd: plan.crds.then(|| CrdWorld::new(plan.seed)),
             violations: Vec::new(),
             plan,
         }
@@ -309,11 +319,23 @@ impl Sim {
                 identity,
                 gc: None,
                 mig: None,
+                crd: None,
                 partitioned: false,
             });
             self.after(Duration::from_secs(5), Action::ReplicaStart { r });
         }
         self.after(Duration::from_secs(5), Action::Migrator);
+        if self.crd.is_some() {
+            for plural in PLURALS {
+                let plural = plural.to_string();
+                self.after(
+                    Duration::from_secs(3),
+                    Action::Crd(CrdAction::Create { plural }),
+                );
+            }
+            self.after(Duration::from_secs(10), Action::Crd(CrdAction::Write));
+            self.after(Duration::from_secs(240), Action::Crd(CrdAction::Change));
+        }
         self.after(Duration::from_secs(240), Action::Chaos);
         self.after(Duration::from_secs(5), Action::Check);
         let chaos = self.plan.chaos;
@@ -340,14 +362,18 @@ impl Sim {
     fn finish(self) -> Outcome {
         let c = lock(&self.shared);
         let stats = format!(
-            "apiservers {}, replicas {}, api calls {}, writes {}, entries removed {}, migrations created {}, trace lines {}",
+            "apiservers {}, replicas {}, api calls {}, writes {}, entries removed {}, migrations created {}, trace lines {}{}",
             self.apiservers.len(),
             self.replicas.len(),
             c.calls.len(),
             c.writes.len(),
             c.removals.len(),
             c.created.len(),
-            c.trace.count
+            c.trace.count,
+            self.crd
+                .as_ref()
+                .map(|w| format!(", {}, CRD migrations begun {}", w.describe(), w.begins.len()))
+                .unwrap_or_default()
         );
         Outcome {
             violations: self.violations.clone(),
@@ -361,7 +387,10 @@ impl Sim {
     fn apply(&mut self, action: Action) {
         if !matches!(
             action,
-            Action::Check | Action::Migrator | Action::ApiRenew { .. }
+            Action::Check
+                | Action::Migrator
+                | Action::ApiRenew { .. }
+                | Action::Crd(CrdAction::Write)
         ) {
             self.note(format!("{action:?}"));
             let at = self.at();
@@ -490,8 +519,11 @@ impl Sim {
             Action::ReplicaStop { r } => {
                 self.disturb();
                 let rep = &mut self.replicas[r];
-                let (g, m) = (rep.gc.take(), rep.mig.take());
+                let (g, m, k) = (rep.gc.take(), rep.mig.take(), rep.crd.take());
                 tokio::spawn(async move {
+                    if let Some(k) = k {
+                        k.shutdown().await;
+                    }
                     if let Some(m) = m {
                         m.shutdown().await;
                     }
@@ -552,6 +584,16 @@ impl Sim {
             Action::Quiesce => self.quiesce(),
             Action::Check => {
                 self.after(Duration::from_secs(5), Action::Check);
+            }
+            Action::Crd(a) => {
+                let quiet = self.quiet;
+                let next = match self.crd.as_mut() {
+                    Some(w) => w.apply(&mut lock(&self.shared), a, quiet),
+                    None => Vec::new(),
+                };
+                for (d, a) in next {
+                    self.after(d, Action::Crd(a));
+                }
             }
         }
         if self.lag_until != Duration::MAX && self.at() > self.lag_until {
@@ -629,7 +671,7 @@ impl Sim {
                 return;
             }
         };
-        let mig = match migrate::spawn(client, &margs, &args, &gc, &mut registry) {
+        let mig = match migrate::spawn(client.clone(), &margs, &args, &gc, &mut registry) {
             Ok(m) => m,
             Err(e) => {
                 self.violations
@@ -637,6 +679,16 @@ impl Sim {
                 return;
             }
         };
+        if let Some(w) = self.crd.as_ref() {
+            match storageversion_webhook::crd::spawn(client, &w.args(), &args, &gc, &mut registry) {
+                Ok(k) => self.replicas[r].crd = Some(k),
+                Err(e) => {
+                    self.violations
+                        .push(format!("cannot start the CRD migrator of replica {r}: {e}"));
+                    return;
+                }
+            }
+        }
         self.replicas[r].gc = Some(gc);
         self.replicas[r].mig = Some(mig);
     }
@@ -681,11 +733,20 @@ impl Sim {
             };
             let elapsed = now.as_secs().saturating_sub(created);
             let work = 10 + super::rng::fnv(name.as_bytes()) % 50;
+            let custom = m["spec"]["resource"]["group"] == CR_GROUP;
             if !has("Running") && elapsed >= 3 {
                 m["status"]["conditions"] = json!([{"type": "Running", "status": "True",
                     "lastTransitionTime": api::now_text(), "reason": "Running", "message": "migrating"}]);
                 m["status"]["resourceVersion"] = json!(c.rv.to_string());
+                if let (true, Some(w)) = (custom, self.crd.as_mut()) {
+                    w.kcm_start(&mut c, &mut m);
+                }
                 c.commit(SVMS, &name, Some(m));
+            } else if has("Running") && elapsed >= 3 + work && custom {
+                if let Some(w) = self.crd.as_mut() {
+                    w.kcm_finish(&mut c, &name, &mut m, self.quiet);
+                    c.commit(SVMS, &name, Some(m));
+                }
             } else if has("Running") && elapsed >= 3 + work {
                 let Some(&i) = live.get((pick % live.len().max(1) as u64) as usize) else {
                     continue;
@@ -1082,7 +1143,10 @@ impl Sim {
             }
         }
         // I4: migrations created.
-        for m in &c.created[self.checked_created..] {
+        for m in c.created[self.checked_created..]
+            .iter()
+            .filter(|m| m.crd.is_empty())
+        {
             let history = c.agreement.get(&m.sv).cloned().unwrap_or_default();
             let want = Some(m.version.clone());
             let window_from = m.at.saturating_sub(SETTLE) + SAMPLE_SLACK;
@@ -1159,11 +1223,18 @@ impl Sim {
             .filter(|r| r.gc.is_some())
             .count()
             .max(1);
-        let bound = I6_PER_REPLICA * running + I6_PER_EVENT * events + I6_PER_REMOVAL * removals;
+        let migrations = self.crd.as_ref().map_or(0, |w| w.allowance(now));
+        let bound = I6_PER_REPLICA * running
+            + I6_PER_EVENT * events
+            + I6_PER_REMOVAL * removals
+            + migrations;
         if calls > bound {
             found.push(format!(
-                "I6: {calls} API calls in the minute before {now:?}, over the bound {bound} ({running} replicas, {events} world events, {removals} removals)"
+                "I6: {calls} API calls in the minute before {now:?}, over the bound {bound} ({running} replicas, {events} world events, {removals} removals, CRD migrations' allowance {migrations})"
             ));
+        }
+        if let Some(w) = self.crd.as_mut() {
+            found.extend(w.check(&c));
         }
         let (nr, nw, nc) = (c.removals.len(), c.writes.len(), c.created.len());
         drop(c);
@@ -1274,6 +1345,9 @@ impl Sim {
                     memory.get(*name)
                 ));
             }
+        }
+        if let Some(w) = self.crd.as_ref() {
+            found.extend(w.check_quiescence(&c, &super::custom::memory(&c)));
         }
         drop(c);
         for f in found {
