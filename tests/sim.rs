@@ -346,3 +346,16 @@ fn a_migration_ends_in_the_record_before_the_next_begins() {
         replay(seed, |_| {}, "I8");
     }
 }
+
+/// Issue 31, seeds 1103 and 1265 (the 2,000-seed swarm of the world with CRDs): the write that
+/// recorded a new migration as begun got no good answer (a timeout) but was applied. The
+/// migrator put the previous record back in memory, and the next pass began another migration
+/// under the same number while the server's record showed the first one running. A begin whose
+/// write is not confirmed now drops the memory; the record is read back next pass and the
+/// recorded migration resumed under its name.
+#[test]
+fn a_begin_written_without_an_answer_is_read_back_not_guessed() {
+    for seed in [1103, 1265] {
+        replay(seed, |_| {}, "I8");
+    }
+}

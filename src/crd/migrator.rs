@@ -315,15 +315,14 @@ impl Migrator {
                 let Some(memory) = t.memory.as_mut() else {
                     return;
                 };
-                let previous = memory.insert(name.clone(), begun);
+                memory.insert(name.clone(), begun);
                 t.dirty = true;
                 if !self.save_if_dirty(t).await {
-                    if let Some(memory) = t.memory.as_mut() {
-                        match previous {
-                            Some(p) => memory.insert(name.clone(), p),
-                            None => memory.remove(&name),
-                        };
-                    }
+                    // A write without a good answer may still have been applied: the record is
+                    // read again next pass (a recorded migration with no task is resumed under
+                    // its name), never guessed from memory, so no number is used twice (I8).
+                    t.memory = None;
+                    t.dirty = false;
                     return;
                 }
                 self.metrics
