@@ -940,6 +940,19 @@ async fn a_failed_migration_leaves_stored_versions_alone_and_is_tried_again() {
         1.0,
     )
     .await;
+    // The outcome is counted when the rewrite ends and written at the end of that pass.
+    poll_until(
+        Duration::from_secs(30),
+        "the failure in the record",
+        || async {
+            record(&cp)
+                .await
+                .migration
+                .is_some_and(|m| m.phase != Phase::Running)
+        },
+    )
+    .await
+    .expect("the migration's end is recorded");
     let r = record(&cp).await;
     let m = r.migration.expect("the migration is recorded");
     assert_eq!(m.phase, Phase::Failed, "{m:?}");
