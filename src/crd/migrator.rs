@@ -217,7 +217,9 @@ impl Migrator {
         let mut counts: HashMap<&'static str, i64> = HashMap::new();
         let names: Vec<String> = t.crds.keys().cloned().collect();
         for name in names {
-            if term.is_cancelled() {
+            // Cancelled, or a write without a good answer dropped the record (`act`): nothing
+            // more is decided on a record this pass cannot trust.
+            if term.is_cancelled() || t.memory.is_none() {
                 return;
             }
             let Some(crd) = t.crds.get(&name).cloned() else {
